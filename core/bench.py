@@ -1,0 +1,328 @@
+"""`decoctl bench`: contenders side by side in one process, interleaved, with equal thread settings.
+
+Each repeat runs every prompt through every contender in turn (so drift in machine load hits all alike);
+tokens/s is the median over repeats of new tokens over decode seconds summed across prompts. Every
+contender's tokens are compared with the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from decoctl.bench_contenders import (
+    Contender,
+    ControllerContender,
+    OrtGenaiContender,
+    Outcome,
+    RawOrtContender,
+)
+from decoctl.errors import ConfigError
+from decoctl.generate import Generator
+from decoctl.model.loader import default_threads
+from decoctl.plugins import PluginRegistry
+
+__all__ = ["BenchReport", "ContenderResult", "add_bench_parser", "parse_contenders", "run_bench"]
+
+DEFAULT_PROMPTS = (
+    "def fibonacci(n):\n",
+    "import os\nimport sys\n\n\ndef main(argv):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "def read_config(path):\n    with open(path) as f:\n",
+)
+_CONTENDER = re.compile(r"^\s*(?:(?P<label>[\w.-]+)=)?(?P<name>[^()\s]+)\s*(?:\((?P<options>[^)]*)\))?\s*$")
+
+
+@attrs.frozen(kw_only=True)
+class ContenderSpec:
+    label: str
+    name: str
+    options: dict[str, str]
+
+
+def parse_contenders(text: str) -> list[ContenderSpec]:
+    """``greedy,raw-ort,spec4=speculative(k=4;drafter=draft-model)`` -> specs (label=name(key=value;...))."""
+    specs = []
+    for item in _split_top_level(text):
+        match = _CONTENDER.match(item)
+        if not match:
+            raise ConfigError(f"contender {item!r} must look like NAME, LABEL=NAME or NAME(key=value;key=value)")
+        options = {}
+        for pair in filter(None, (p.strip() for p in (match["options"] or "").split(";"))):
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise ConfigError(f"contender {item!r}: option {pair!r} must be key=value")
+            options[key.strip()] = value.strip()
+        label = match["label"] or (item.strip() if options else match["name"])
+        specs.append(ContenderSpec(label=label, name=match["name"], options=options))
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"contender labels repeat in {labels}: give each a LABEL=")
+    return specs
+
+
+def _split_top_level(text: str) -> list[str]:
+    items, depth, current = [], 0, ""
+    for char in text:
+        depth += char == "("
+        depth -= char == ")"
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    items.append(current)
+    return [i for i in items if i.strip()]
+
+
+@attrs.frozen(kw_only=True)
+class ContenderResult:
+    name: str
+    tokens_per_s: float
+    ratio_to_baseline: float
+    identical_to_baseline: bool
+    target_forwards: int
+    tokens: int
+    tokens_per_target_forward: float
+    decode_seconds_median: float
+    repeats_tokens_per_s: list[float]
+    mismatches: list[int]
+    extra: dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class BenchReport:
+    model: str
+    baseline: str
+    threads: int
+    max_new_tokens: int
+    repeats: int
+    prompts: int
+    contenders: list[ContenderResult]
+
+
+def load_prompts(path: str | None) -> list[str]:
+    if path is None:
+        return list(DEFAULT_PROMPTS)
+    prompts = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            prompts.append(str(record["prompt"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{path}:{number}: each line must be a JSON object with a 'prompt' ({exc})") from exc
+    if not prompts:
+        raise ConfigError(f'{path} holds no prompts: one {{"prompt": ...}} per line')
+    return prompts
+
+
+def build_contenders(
+    specs: Sequence[ContenderSpec],
+    *,
+    model: str | None,
+    roles: dict[str, str],
+    threads: int,
+    registry: PluginRegistry,
+) -> list[tuple[str, Contender]]:
+    contenders: list[tuple[str, Contender]] = []
+    loaded = None
+    for spec in specs:
+        if spec.name in ("raw-ort", "ort-genai"):
+            if spec.options:
+                raise ConfigError(f"contender {spec.name} takes no options")
+            if loaded is None:
+                loaded = Generator({"target": model}, "greedy", threads=threads, registry=registry).models["target"]
+            contender: Contender = (
+                RawOrtContender(loaded, threads) if spec.name == "raw-ort" else OrtGenaiContender(loaded, threads)
+            )
+        else:
+            probe = registry.controllers().get(spec.name)
+            wanted = probe.roles if probe else ("target",)
+            role_models = {"target": model, **{r: roles[r] for r in wanted if r in roles and r != "target"}}
+            generator = Generator(role_models, spec.name, options=spec.options, threads=threads, registry=registry)
+            contender = ControllerContender(spec.label, generator)
+        contenders.append((spec.label, contender))
+    return contenders
+
+
+def run_contenders(
+    contenders: Sequence[tuple[str, Contender]],
+    prompts: Sequence[str],
+    tokenizer: Any,
+    *,
+    max_new_tokens: int,
+    repeats: int,
+    progress: Any = None,
+) -> dict[str, list[list[Outcome]]]:
+    """outcomes[label][repeat][prompt], every repeat running all contenders on each prompt in turn."""
+    encoded = [tokenizer.encode(p) for p in prompts]
+    outcomes: dict[str, list[list[Outcome]]] = {label: [] for label, _ in contenders}
+    for contender_label, contender in contenders:  # warm-up: first runs allocate buffers and page weights in
+        contender.run(prompts[0], encoded[0], min(8, max_new_tokens))
+        del contender_label
+    for repeat in range(repeats):
+        for label, _ in contenders:
+            outcomes[label].append([])
+        for prompt, ids in zip(prompts, encoded, strict=True):
+            for label, contender in contenders:
+                outcomes[label][repeat].append(contender.run(prompt, ids, max_new_tokens))
+        if progress:
+            progress(repeat + 1, repeats)
+    return outcomes
+
+
+def summarise(outcomes: dict[str, list[list[Outcome]]], baseline: str) -> list[ContenderResult]:
+    base = outcomes[baseline]
+    base_rate = _median_rate(base)
+    results = []
+    for label, runs in outcomes.items():
+        rates = [_rate(repeat) for repeat in runs]
+        first = runs[0]
+        mismatches = [i for i, (o, b) in enumerate(zip(first, base[0], strict=True)) if o.tokens != b.tokens]
+        tokens = sum(len(o.tokens) for o in first)
+        forwards = sum(o.target_forwards for o in first)
+        extra: dict[str, Any] = {}
+        for outcome in first:
+            for key, value in outcome.extra.items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    extra.setdefault(key, []).append(value)
+        results.append(
+            ContenderResult(
+                name=label,
+                tokens_per_s=statistics.median(rates),
+                ratio_to_baseline=statistics.median(rates) / base_rate if base_rate else 0.0,
+                identical_to_baseline=not mismatches,
+                target_forwards=forwards,
+                tokens=tokens,
+                tokens_per_target_forward=tokens / forwards if forwards else float(tokens),
+                decode_seconds_median=statistics.median(sum(o.decode_seconds for o in r) for r in runs),
+                repeats_tokens_per_s=rates,
+                mismatches=mismatches,
+                extra={k: statistics.fmean(v) for k, v in extra.items()},
+            )
+        )
+    return results
+
+
+def _rate(outcomes: Sequence[Outcome]) -> float:
+    seconds = sum(o.decode_seconds for o in outcomes)
+    # the first token comes from the prefill, so decode time covers len(tokens) - 1 forwards' worth of work
+    tokens = sum(max(0, len(o.tokens) - 1) for o in outcomes)
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def _median_rate(runs: Sequence[Sequence[Outcome]]) -> float:
+    return statistics.median(_rate(r) for r in runs)
+
+
+def format_table(report: BenchReport) -> str:
+    lines = [
+        f"model {report.model}  threads {report.threads}  prompts {report.prompts}  max_new_tokens "
+        f"{report.max_new_tokens}  repeats {report.repeats}  baseline {report.baseline}",
+        f"{'contender':<28}{'tok/s':>10}{'ratio':>8}{'identical':>11}{'tok/fwd':>9}{'target fwd':>12}",
+    ]
+    for c in report.contenders:
+        same = "yes" if c.identical_to_baseline else f"NO {c.mismatches}"
+        lines.append(
+            f"{c.name:<28}{c.tokens_per_s:>10.1f}{c.ratio_to_baseline:>8.3f}{same:>11}"
+            f"{c.tokens_per_target_forward:>9.2f}{c.target_forwards:>12}"
+        )
+    return "\n".join(lines)
+
+
+def plot(report: BenchReport, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ConfigError("--plot needs matplotlib: pip install 'decoctl[bench]'") from exc
+    names = [c.name for c in report.contenders]
+    rates = [c.tokens_per_s for c in report.contenders]
+    figure, axis = plt.subplots(figsize=(max(5, 1.3 * len(names)), 3.5))
+    bars = axis.bar(names, rates, color=["#888" if n == report.baseline else "#3a7" for n in names])
+    for bar, c in zip(bars, report.contenders, strict=True):
+        axis.annotate(
+            f"{c.ratio_to_baseline:.2f}x",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    axis.set_ylabel("tokens/s (median)")
+    axis.set_title(f"{report.model}, {report.threads} thread(s), {report.max_new_tokens} new tokens")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def add_bench_parser(commands: Any) -> None:
+    bench = commands.add_parser("bench", help="run contenders side by side and compare tokens/s")
+    bench.add_argument("--model", "-m", help="registered model name or folder (default: the demo model)")
+    bench.add_argument("--draft", help="model for the 'draft' role of contenders that use one")
+    bench.add_argument("--role", action="append", default=[], metavar="ROLE=MODEL", help="model for another role")
+    bench.add_argument(
+        "--contenders", default="greedy,raw-ort", help="NAME, LABEL=NAME(key=value;...), comma-separated"
+    )
+    bench.add_argument("--baseline", default="greedy", help="the contender label ratios are taken against")
+    bench.add_argument("--prompts", help='JSONL file, one {"prompt": ...} per line (default: built-in code prompts)')
+    bench.add_argument("--max-new-tokens", "-n", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=5)
+    bench.add_argument("--threads", type=int, help="intra-op threads for every contender (default: cores/2)")
+    bench.add_argument("--json", help="write the report as JSON here")
+    bench.add_argument("--plot", help="write a PNG bar chart here")
+    bench.add_argument("--require-identical", action="store_true", help="exit 3 if a contender's tokens differ")
+
+
+def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
+    specs = parse_contenders(args.contenders)
+    labels = [s.label for s in specs]
+    if args.baseline not in labels:
+        raise ConfigError(f"baseline {args.baseline!r} is not among the contenders {labels}: add it or pick another")
+    if args.repeats < 1 or args.max_new_tokens < 1:
+        raise ConfigError("--repeats and --max-new-tokens must be at least 1")
+    threads = args.threads or default_threads()
+    roles = dict(r.split("=", 1) for r in args.role)
+    if args.draft:
+        roles["draft"] = args.draft
+    prompts = load_prompts(args.prompts)
+    contenders = build_contenders(specs, model=args.model, roles=roles, threads=threads, registry=registry)
+    base = dict(contenders)[args.baseline]
+    tokenizer = base.generator.tokenizer if isinstance(base, ControllerContender) else None
+    if tokenizer is None:
+        raise ConfigError("the baseline must be a decoctl controller (greedy by default)")
+    model_name = base.generator.models["target"].name if isinstance(base, ControllerContender) else "?"
+
+    def progress(done: int, total: int) -> None:
+        print(f"repeat {done}/{total}", file=sys.stderr)
+
+    outcomes = run_contenders(
+        contenders, prompts, tokenizer, max_new_tokens=args.max_new_tokens, repeats=args.repeats, progress=progress
+    )
+    report = BenchReport(
+        model=model_name,
+        baseline=args.baseline,
+        threads=threads,
+        max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
+        prompts=len(prompts),
+        contenders=summarise(outcomes, args.baseline),
+    )
+    print(format_table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(attrs.asdict(report), indent=2))
+    if args.plot:
+        plot(report, args.plot)
+    if args.require_identical and not all(c.identical_to_baseline for c in report.contenders):
+        return 3
+    return 0

@@ -1,0 +1,213 @@
+"""The decoctl command line: generate, plugins, models, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import structlog
+from decoctl.bench import add_bench_parser, run_bench
+from decoctl.errors import DecoctlError, GenerationError
+from decoctl.generate import GenerationStats, Generator
+from decoctl.plugins import PluginRegistry
+from decoctl.runfile import RunFile
+
+__all__ = ["main"]
+
+
+def _configure_logging(verbose: int) -> None:
+    level = logging.WARNING - 10 * verbose
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(max(level, logging.DEBUG)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        processors=[structlog.processors.add_log_level, structlog.dev.ConsoleRenderer(colors=False)],
+    )
+
+
+def _key_values(items: Sequence[str], what: str) -> dict[str, str]:
+    values = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise DecoctlError(f"{what} {item!r} must be written KEY=VALUE")
+        values[key.strip()] = value.strip()
+    return values
+
+
+def _add_generate(commands: Any) -> None:
+    gen = commands.add_parser("generate", help="generate text with a controller")
+    gen.add_argument("prompt", nargs="?", help="the prompt ('-' reads standard input)")
+    gen.add_argument("--model", "-m", help="registered model name or folder (default: the demo model 'pycode')")
+    gen.add_argument("--controller", "-c", help="controller name, file.py:Class, module:Class or lib.so:name")
+    gen.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="controller option")
+    gen.add_argument("--draft", help="model for the 'draft' role")
+    gen.add_argument("--role", action="append", default=[], metavar="ROLE=MODEL", help="model for any other role")
+    gen.add_argument("--processors", "-p", help='logits chain, e.g. "repetition_penalty=1.1,top_k=40"')
+    gen.add_argument("--max-new-tokens", "-n", type=int)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--threads", type=int, help="intra-op threads (default: cores/2, as onnxruntime-genai)")
+    gen.add_argument("--prefill-chunk", type=int, help="feed the prompt this many tokens per forward")
+    gen.add_argument("--config", help="a run file (TOML or JSON) declaring roles, controller, limits")
+    gen.add_argument("--no-stream", action="store_true", help="print the text at the end instead of streaming")
+    gen.add_argument("--stats", choices=("text", "json", "none"), default="text", help="statistics at the end")
+
+
+def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
+    run = RunFile.load(args.config) if args.config else None
+    roles: dict[str, Any] = dict(run.roles) if run else {}
+    if args.model:
+        roles["target"] = args.model
+    if args.draft:
+        roles["draft"] = args.draft
+    roles.update(_key_values(args.role, "--role"))
+    options: dict[str, Any] = dict(run.options) if run else {}
+    options.update(_key_values(args.option, "--option"))
+    prompt = args.prompt if args.prompt is not None else (run.prompt if run else None)
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if prompt is None:
+        raise DecoctlError("no prompt: give one as an argument, '-' for standard input, or in the run file")
+
+    def pick(cli_value: Any, file_attr: str, default: Any) -> Any:
+        if cli_value is not None:
+            return cli_value
+        value = getattr(run, file_attr) if run else None
+        return default if value is None else value
+
+    generator = Generator(
+        roles,
+        pick(args.controller, "controller", "greedy"),
+        options=options,
+        processors=pick(args.processors, "processors", None),
+        threads=pick(args.threads, "threads", None),
+        prefill_chunk=pick(args.prefill_chunk, "prefill_chunk", None),
+        registry=registry,
+    )
+    stop = tuple(args.stop) or (run.stop if run else ())
+    kwargs = {
+        "max_new_tokens": pick(args.max_new_tokens, "max_new_tokens", 128),
+        "stop": stop,
+        "seed": pick(args.seed, "seed", 0),
+    }
+    out = sys.stdout
+    try:
+        if args.no_stream:
+            result = generator.generate(prompt, **kwargs)
+            out.write(result.text)
+        else:
+            for piece in generator.stream(prompt, **kwargs):
+                out.write(piece)
+                out.flush()
+            result = generator.last
+    except GenerationError as exc:
+        out.write(exc.text if args.no_stream else "")
+        out.write("\n")
+        _print_stats(exc.stats, args.stats)
+        raise
+    out.write("\n")
+    _print_stats(result.stats, args.stats)
+    return 0
+
+
+def _print_stats(stats: Any, mode: str) -> None:
+    if mode == "none" or not isinstance(stats, GenerationStats):
+        return
+    if mode == "json":
+        print(json.dumps(attrs.asdict(stats), default=str, indent=2), file=sys.stderr)
+        return
+    forwards = ", ".join(f"{role} {count}" for role, count in stats.forwards.items())
+    print(
+        f"-- {stats.new_tokens} tokens, {stats.tokens_per_second:.1f} tok/s, prefill {stats.prompt_tokens} tokens in "
+        f"{stats.prefill_seconds * 1000:.0f} ms, forwards: {forwards}, {stats.tokens_per_target_forward:.2f} "
+        f"tokens/target forward, stop: {stats.stop_reason}, controller: {stats.trace['controller']}",
+        file=sys.stderr,
+    )
+    if stats.controller:
+        print(f"-- {stats.trace['controller']}: {json.dumps(stats.controller, default=str)}", file=sys.stderr)
+    if stats.trace.get("degraded"):
+        print(f"-- degraded (asked for): {stats.trace['degraded']}", file=sys.stderr)
+
+
+def _run_plugins(args: argparse.Namespace, registry: PluginRegistry) -> int:
+    del args
+    sections = (
+        ("controllers", registry.controllers()),
+        ("logits processors", registry.processors()),
+        ("models", registry.models()),
+    )
+    for title, records in sections:
+        print(f"{title}:")
+        for name, record in sorted(records.items()):
+            dist = registry.distribution_of(record.plugin) or record.plugin
+            print(f"  {name:<22} {dist:<24} {record.summary}")
+        if not records:
+            print("  (none)")
+    for plugin, error in sorted(registry.skipped.items()):
+        print(f"skipped plugin {plugin}: {error}")
+    return 0
+
+
+def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
+    if args.models_command == "info":
+        from decoctl.model.loader import load_model
+        from decoctl.resolve import resolve_model
+
+        name, path = resolve_model(args.model, registry)
+        model = load_model(path, name=name, threads=1)
+        spec = model.spec
+        print(f"{name}: {path}")
+        print(f"  layout {spec.layout}, {spec.num_layers} layers, hidden {spec.hidden_size}, vocab {spec.vocab_size}")
+        print(f"  kv: {spec.num_kv_heads} heads x {spec.head_size}, shared buffer {spec.share_buffer}")
+        print(f"  max_length {spec.max_length}, context {spec.context_length}, eos {list(spec.eos_token_ids)}")
+        print(f"  capabilities: {', '.join(model.capabilities.names()) or 'none'}")
+        return 0
+    for name, bundle in sorted(registry.models().items()):
+        dist = registry.distribution_of(bundle.plugin) or bundle.plugin
+        print(f"{name:<20} {dist:<22} {bundle.path}  {bundle.summary}")
+    if not registry.models():
+        print("(no models registered: install plugins/models or pass --model PATH)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="decoctl", description="decode controllers for ONNX language models")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-v info, -vv debug)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_generate(commands)
+    commands.add_parser("plugins", help="list controllers, processors and models with their distributions")
+    models = commands.add_parser("models", help="list registered models, or inspect one")
+    model_commands = models.add_subparsers(dest="models_command")
+    info = model_commands.add_parser("info", help="a model's layout and capabilities")
+    info.add_argument("model", help="registered name or folder")
+    add_bench_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.verbose)
+    try:
+        registry = PluginRegistry()
+        if args.command == "generate":
+            return _run_generate(args, registry)
+        if args.command == "plugins":
+            return _run_plugins(args, registry)
+        if args.command == "models":
+            return _run_models(args, registry)
+        return run_bench(args, registry)
+    except DecoctlError as exc:
+        print(f"decoctl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

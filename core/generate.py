@@ -1,0 +1,373 @@
+"""One generation: prompt in, committed tokens out, stop conditions, streaming, statistics.
+
+gen = Generator(models={"target": "pycode"}, controller="greedy")
+result = gen.generate("def fibonacci(n):", max_new_tokens=64)
+for piece in gen.stream("import os"):
+    ...
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import structlog
+from decoctl.controllers import Controller
+from decoctl.errors import CapabilityError, ConfigError, ControllerError, DecoctlError, GenerationError
+from decoctl.host import Host, Sequence
+from decoctl.model.loader import LoadedModel, load_model
+from decoctl.output import Output, StopRules
+from decoctl.plugins import PluginRegistry
+from decoctl.processing import ProcessorChain
+from decoctl.resolve import parse_processor_chain, resolve_controller, resolve_model
+from decoctl.specs import ControllerSpec, parse_options
+
+__all__ = ["GenerationResult", "GenerationStats", "Generator", "generate", "stream"]
+
+log = structlog.get_logger(__name__)
+
+MIN_KV_LENGTH = 256
+
+
+@attrs.frozen(kw_only=True)
+class GenerationStats:
+    """What one generation did.
+
+    ``tokens_per_second`` counts new tokens over decode time (after the prompt). ``forwards`` /
+    ``tokens_fed`` / ``onnx_seconds`` are per role, decode only; ``tokens_per_target_forward`` is new tokens
+    over decode-time target forwards. ``trace``: controller, plugin, roles, processors, degraded modes and
+    whatever the controller recorded in ``host.trace``.
+    """
+
+    prompt_tokens: int
+    new_tokens: int
+    stop_reason: str | None
+    prefill_seconds: float
+    decode_seconds: float
+    tokens_per_second: float
+    forwards: Mapping[str, int]
+    tokens_fed: Mapping[str, int]
+    onnx_seconds: Mapping[str, float]
+    tokens_per_target_forward: float
+    controller: Mapping[str, Any]
+    trace: Mapping[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class GenerationResult:
+    text: str
+    tokens: tuple[int, ...]
+    stats: GenerationStats
+
+
+class _Run:
+    """The mutable state of one generation while it runs."""
+
+    def __init__(self, host: Host, output: Output, controller: Controller, started: float) -> None:
+        self.host = host
+        self.output = output
+        self.controller = controller
+        self.started = started
+        self.prefill_seconds = 0.0
+        self.decode_started = started
+        self.counters_at_decode: dict[str, tuple[int, int, float]] = {}
+
+
+class Generator:
+    """Loads models once and runs generations with one controller and one processor chain.
+
+    :param models: role -> registered model name or folder path (``{"target": ...}`` at least; a missing
+        target takes the default model).
+    :param controller: a registered name, ``file.py:Class``, ``module:Class`` or ``lib.so:name``.
+    :param options: the controller's options (checked against its schema).
+    :param processors: a chain string ``"top_k=40,temperature=0.8"`` or a list of tables.
+    :param threads: intra-op threads for every model (default: onnxruntime-genai's cores/2).
+    :param prefill_chunk: feed the prompt in chunks of this many tokens (None: one pass).
+    :param registry: the plugin registry (default: entry points autoloaded).
+    """
+
+    def __init__(
+        self,
+        models: Mapping[str, str | Path | None] | None = None,
+        controller: str = "greedy",
+        *,
+        options: Mapping[str, Any] | None = None,
+        processors: str | list[Any] | None = None,
+        threads: int | None = None,
+        prefill_chunk: int | None = None,
+        registry: PluginRegistry | None = None,
+        debug: bool | None = None,
+    ) -> None:
+        self.registry = registry or PluginRegistry()
+        self.spec: ControllerSpec = resolve_controller(controller, self.registry)
+        self.options = parse_options(f"controller {self.spec.name!r}", self.spec.options, options or {})
+        self.chain: ProcessorChain = parse_processor_chain(processors, self.registry)
+        self.processors_text = processors
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk={prefill_chunk} must be at least 1 token (or None for one pass)")
+        self.prefill_chunk = prefill_chunk
+        self.debug = debug
+        self.models = self._load_roles(dict(models or {}), threads)
+        self._sequences: dict[str, Sequence] = {}
+
+    # -- set-up -----------------------------------------------------------------------------------------
+    def _load_roles(self, given: dict[str, str | Path | None], threads: int | None) -> dict[str, LoadedModel]:
+        given.setdefault("target", None)
+        unused = sorted(set(given) - set(self.spec.roles))
+        if unused:
+            raise ConfigError(
+                f"role(s) {unused} were given but controller {self.spec.name!r} uses only {list(self.spec.roles)}: "
+                "remove them or pick a controller that uses them"
+            )
+        defaults = {}
+        if given["target"] is None:
+            bundle = self.registry.models().get(resolve_model(None, self.registry)[0])
+            defaults = dict(bundle.roles) if bundle else {}
+        missing = [r for r in self.spec.roles if r not in given and r not in defaults]
+        if missing:
+            raise ConfigError(
+                f"controller {self.spec.name!r} needs the role(s) {missing}: pass a model for each "
+                f"(e.g. --{missing[0]} PATH)"
+            )
+        loaded: dict[str, LoadedModel] = {}
+        for role in self.spec.roles:
+            reference = given[role] if role in given else defaults[role]
+            name, path = resolve_model(reference, self.registry)
+            loaded[role] = load_model(path, name=name, threads=threads)
+        self._check_roles(loaded)
+        return loaded
+
+    def _check_roles(self, loaded: Mapping[str, LoadedModel]) -> None:
+        target = loaded["target"]
+        for role, model in loaded.items():
+            if model.spec.vocab_size != target.spec.vocab_size:
+                raise ConfigError(
+                    f"role {role!r} (model {model.name}, vocabulary {model.spec.vocab_size}) and role 'target' "
+                    f"(model {target.name}, vocabulary {target.spec.vocab_size}) have different vocabularies: "
+                    "every role must share the target's tokenizer"
+                )
+            needed = self.spec.capabilities.get(role, ())
+            lacking = [c for c in needed if c not in model.capabilities.names()]
+            if lacking:
+                raise CapabilityError(
+                    f"controller {self.spec.name!r} needs {lacking} on role {role!r}, which model {model.name} "
+                    f"lacks (it has {list(model.capabilities.names())}): export the model with those outputs"
+                )
+
+    def _sequence(self, role: str, length: int) -> Sequence:
+        sequence = self._sequences.get(role)
+        model = self.models[role]
+        if sequence is None or sequence.max_length < min(length, model.spec.max_length):
+            capacity = max(MIN_KV_LENGTH, 1 << (length - 1).bit_length())
+            sequence = Sequence(role, model, max_length=min(capacity, model.spec.max_length), debug=self.debug)
+            self._sequences[role] = sequence
+        else:
+            sequence.rewind(0)
+            sequence.stats = type(sequence.stats)()
+        return sequence
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.models["target"].tokenizer
+
+    # -- running ----------------------------------------------------------------------------------------
+    def stream(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int = 128,
+        stop: tuple[str, ...] | list[str] = (),
+        seed: int | None = 0,
+    ) -> Iterator[str]:
+        """Yield text pieces as they are committed. ``self.last`` holds the GenerationResult afterwards."""
+        pieces: list[str] = []
+        run = self._begin(prompt, max_new_tokens, stop, seed, lambda _tokens, text: pieces.append(text))
+        try:
+            while not run.host.done:
+                self._step(run)
+                if pieces:
+                    yield "".join(pieces)
+                    pieces.clear()
+        except BaseException as exc:
+            self._fail(run, prompt, exc)
+            raise
+        self.last = self._finish(run)
+        if pieces:
+            yield "".join(pieces)
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int = 128,
+        stop: tuple[str, ...] | list[str] = (),
+        seed: int | None = 0,
+    ) -> GenerationResult:
+        """Run one generation to its end and return its text, tokens and stats."""
+        for _ in self.stream(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed):
+            pass
+        return self.last
+
+    def _begin(self, prompt: str, max_new_tokens: int, stop: Any, seed: int | None, sink: Any) -> _Run:
+        if max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens={max_new_tokens} must be at least 1")
+        if isinstance(stop, str):
+            stop = (stop,)
+        if any(not s for s in stop):
+            raise ConfigError("an empty stop string would stop at once: remove it")
+        started = time.perf_counter()
+        target_model = self.models["target"]
+        ids = np.asarray(target_model.tokenizer.encode(prompt), np.int64)
+        if ids.size == 0:
+            raise ConfigError("the prompt is empty and the model adds no BOS token: give some prompt text")
+        sequences = {role: self._sequence(role, len(ids) + max_new_tokens) for role in self.spec.roles}
+        target = sequences["target"]
+        capacity = target.max_length - len(ids)
+        if capacity < 1:
+            raise ConfigError(
+                f"the prompt has {len(ids)} tokens, which fills the target's {target.max_length} positions: shorten it"
+            )
+        rules = StopRules(
+            eos_token_ids=target_model.spec.eos_token_ids,
+            max_new_tokens=max_new_tokens,
+            stop_strings=tuple(stop),
+            capacity=capacity,
+        )
+        observe = self.registry.commit_observed()
+
+        def on_commit(tokens: list[int], text: str) -> None:
+            sink(tokens, text)
+            if observe:
+                self.registry.notify_commit(tokens=tokens, text=text)
+
+        output = Output(rules, target_model.tokenizer.detokenizer(), on_commit)
+        self.chain.reset(ids)
+        host = Host(sequences, output, prompt=ids, chain=self.chain, seed=seed)
+        host.prefill_chunk = self.prefill_chunk
+        controller = self._make_controller()
+        run = _Run(host, output, controller, started)
+        self.registry.notify_start(
+            prompt=prompt, controller=self.spec.name, roles={r: m.name for r, m in self.models.items()}
+        )
+        try:
+            target.prefill(ids, self.prefill_chunk)
+            run.prefill_seconds = time.perf_counter() - started
+            controller.start(host)
+        except BaseException as exc:
+            self._fail(run, prompt, exc)
+            raise
+        run.decode_started = time.perf_counter()
+        run.counters_at_decode = {
+            role: (s.stats.forwards, s.stats.tokens_fed, s.stats.seconds) for role, s in sequences.items()
+        }
+        return run
+
+    def _make_controller(self) -> Controller:
+        if self.spec.factory is not None:
+            controller: Controller = self.spec.factory(dict(self.options))
+            return controller
+        from decoctl import abi  # the compiled bridge is only needed for shared-library controllers
+
+        return abi.library_factory(self.spec)(dict(self.options))
+
+    def _step(self, run: _Run) -> None:
+        before = len(run.output.tokens)
+        run.controller.step(run.host)
+        if len(run.output.tokens) == before and not run.host.done:
+            raise ControllerError(
+                f"controller {self.spec.name!r} made a step that committed no token and did not finish: every "
+                "step must commit at least one token"
+            )
+
+    def _stats(self, run: _Run) -> GenerationStats:
+        now = time.perf_counter()
+        decode_seconds = now - run.decode_started
+        forwards, fed, seconds = {}, {}, {}
+        for role in run.host.roles:
+            stats = run.host[role].stats
+            f0, t0, s0 = run.counters_at_decode.get(role, (0, 0, 0.0))
+            forwards[role], fed[role], seconds[role] = stats.forwards - f0, stats.tokens_fed - t0, stats.seconds - s0
+        new = len(run.output.tokens)
+        controller_stats = getattr(run.controller, "stats", None)
+        trace = {
+            "controller": self.spec.name,
+            "plugin": self.spec.plugin,
+            "options": dict(self.options),
+            "roles": {r: m.name for r, m in self.models.items()},
+            "processors": self.processors_text or "",
+            "degraded": [],
+            **run.host.trace,
+        }
+        return GenerationStats(
+            prompt_tokens=len(run.host.prompt_tokens),
+            new_tokens=new,
+            stop_reason=run.output.stop_reason,
+            prefill_seconds=run.prefill_seconds,
+            decode_seconds=decode_seconds,
+            tokens_per_second=new / decode_seconds if decode_seconds > 0 else 0.0,
+            forwards=forwards,
+            tokens_fed=fed,
+            onnx_seconds=seconds,
+            tokens_per_target_forward=new / forwards["target"] if forwards.get("target") else float(new),
+            controller=dict(controller_stats()) if callable(controller_stats) else {},
+            trace=trace,
+        )
+
+    def _finish(self, run: _Run) -> GenerationResult:
+        stats = self._stats(run)
+        self.registry.notify_end(stats=stats, error=None)
+        log.debug("decoctl.generation_end", new_tokens=stats.new_tokens, stop_reason=stats.stop_reason)
+        return GenerationResult(text=run.output.text, tokens=tuple(run.output.tokens), stats=stats)
+
+    def _fail(self, run: _Run, prompt: str, exc: BaseException) -> None:
+        """Turn an error inside a generation into a GenerationError that keeps the text so far."""
+        if isinstance(exc, GenerationError) or not isinstance(exc, Exception):
+            return
+        stats = self._stats(run)
+        self.registry.notify_end(stats=stats, error=exc)
+        log.warning("decoctl.generation_failed", controller=self.spec.name, error=str(exc))
+        detail = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DecoctlError) else str(exc)
+        raise GenerationError(
+            f"controller {self.spec.name!r} failed after {len(run.output.tokens)} token(s): {detail}",
+            text=run.output.text,
+            tokens=list(run.output.tokens),
+            stats=stats,
+        ) from exc
+
+
+def generate(
+    prompt: str,
+    *,
+    model: str | Path | None = None,
+    controller: str = "greedy",
+    max_new_tokens: int = 128,
+    stop: tuple[str, ...] | list[str] = (),
+    seed: int | None = 0,
+    roles: Mapping[str, str | Path] | None = None,
+    **generator_options: Any,
+) -> GenerationResult:
+    """One-shot generation: ``decoctl.generate("def f(x):", model="path/or/name", controller="greedy")``."""
+    models: dict[str, str | Path | None] = {"target": model, **(roles or {})}
+    generator = Generator(models, controller, **generator_options)
+    return generator.generate(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+
+
+def stream(
+    prompt: str,
+    *,
+    model: str | Path | None = None,
+    controller: str = "greedy",
+    max_new_tokens: int = 128,
+    stop: tuple[str, ...] | list[str] = (),
+    seed: int | None = 0,
+    roles: Mapping[str, str | Path] | None = None,
+    **generator_options: Any,
+) -> Iterator[str]:
+    """Streaming one-shot generation: yields text pieces as they are committed."""
+    models: dict[str, str | Path | None] = {"target": model, **(roles or {})}
+    generator = Generator(models, controller, **generator_options)
+    yield from generator.stream(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed)

@@ -1,0 +1,357 @@
+"""The step primitives: the only place a controller touches a model.
+
+Per role (a Sequence): forward, logits, hidden_states, rewind, keep, length, tokens.
+Per generation (the Host): commit, done, is_eos, max_length, remaining, process, rng.
+
+Buffers handed out (logits, hidden states) are host-owned views, valid until the next forward or rewind of
+the same role. With ``debug=True`` (or DECOCTL_DEBUG=1) a stale view raises on use instead of silently
+showing newer data.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import attrs
+import numpy as np
+from decoctl.errors import CapabilityError, ConfigError, SequenceError
+from decoctl.model.loader import LoadedModel
+from decoctl.model.runner import Runner
+from decoctl.output import Output
+from decoctl.processing import ProcessContext, ProcessorChain
+
+__all__ = ["Host", "Sequence", "SequenceStats", "debug_default"]
+
+TREE_TRANSFORM_HINT = "run `decoctl models enable-tree SRC DST` to add position_ids and attention_bias inputs"
+
+
+def debug_default() -> bool:
+    return os.environ.get("DECOCTL_DEBUG", "") not in ("", "0")
+
+
+class _StaleView(np.ndarray):
+    """A debug-mode view that raises once its sequence has moved on (next forward or rewind)."""
+
+    _owner: Sequence | None = None
+    _epoch: int = -1
+
+    def _check(self) -> None:
+        owner = self._owner
+        if owner is not None and owner._epoch != self._epoch:
+            raise SequenceError(
+                f"a logits/hidden-states view of role {owner.role!r} was used after that role's next forward "
+                "or rewind; host buffers are only valid until then: copy what you need to keep (np.array(view))"
+            )
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._owner = getattr(obj, "_owner", None)
+        self._epoch = getattr(obj, "_epoch", -1)
+
+    def __getitem__(self, key: Any) -> Any:
+        self._check()
+        return super().__getitem__(key)
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        for item in inputs:
+            if isinstance(item, _StaleView):
+                item._check()
+        plain = tuple(np.asarray(i) if isinstance(i, _StaleView) else i for i in inputs)
+        return getattr(ufunc, method)(*plain, **kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        self._check()
+        plain = tuple(np.asarray(a) if isinstance(a, _StaleView) else a for a in args)
+        return func(*plain, **kwargs)
+
+
+@attrs.define
+class SequenceStats:
+    """Counters of one role: forwards, tokens fed, seconds inside onnxruntime."""
+
+    forwards: int = 0
+    tokens_fed: int = 0
+    tree_forwards: int = 0
+    seconds: float = 0.0
+
+
+class Sequence:
+    """One role's tokens and KV cache. Controllers get it from ``host[role]``."""
+
+    def __init__(
+        self, role: str, model: LoadedModel, *, max_length: int | None = None, debug: bool | None = None
+    ) -> None:
+        self.role = role
+        self.model = model
+        self._runner = Runner(model, max_length)
+        self._tokens = np.zeros(self._runner.max_length, np.int64)
+        self._logits: np.ndarray | None = None
+        self._hidden: np.ndarray | None = None
+        self._aux: np.ndarray | None = None
+        self._epoch = 0
+        self._debug = debug_default() if debug is None else debug
+        self.stats = SequenceStats()
+
+    # -- queries ----------------------------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        """Tokens in the KV cache."""
+        return self._runner.length
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """int64[length], read-only view of the tokens in the KV cache."""
+        view = self._tokens[: self.length]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def max_length(self) -> int:
+        """Positions the KV cache holds; forward beyond it raises."""
+        return self._runner.max_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.spec.vocab_size
+
+    @property
+    def capabilities(self) -> tuple[str, ...]:
+        return self.model.capabilities.names()
+
+    # -- primitives -------------------------------------------------------------------------------------
+    def forward(self, tokens: Seq[int] | np.ndarray, tree: Seq[int] | None = None) -> np.ndarray:
+        """Feed tokens after the current length; return float32[n, vocab], row i predicting the token after
+        tokens[i]. ``tree`` (a parent index per token, -1 for the root) verifies a token tree in one pass."""
+        if tree is not None:
+            return self._forward_tree(tokens, tree)
+        ids = self._checked_tokens(tokens)
+        if len(ids) > 1 and not self.model.capabilities.logits_all_positions:
+            raise CapabilityError(
+                f"role {self.role!r} (model {self.model.name}) returns logits for the last position only, so "
+                f"forward() over {len(ids)} tokens cannot return a row per token: re-export the model with "
+                "logits for all positions, or feed one token at a time"
+            )
+        return self._run(ids)
+
+    def prefill(self, tokens: Seq[int] | np.ndarray, chunk: int | None = None) -> np.ndarray:
+        """Feed a prompt, ``chunk`` tokens per run (None: one run); return float32[1, vocab], the last row.
+
+        Works on models that only return the last position's logits; peak memory is bounded by the chunk.
+        """
+        ids = self._checked_tokens(tokens)
+        if chunk is not None and chunk < 1:
+            raise ConfigError(f"prefill chunk {chunk} must be at least 1 token")
+        step = len(ids) if chunk is None else chunk
+        for start in range(0, len(ids), step):
+            rows = self._run(ids[start : start + step])
+        return rows[-1:]
+
+    def logits(self) -> np.ndarray:
+        """float32[n, vocab] of the last forward (host-owned; valid until the next forward or rewind)."""
+        if self._logits is None:
+            raise SequenceError(f"role {self.role!r} has no logits yet: call forward() first")
+        return self._guard(self._logits)
+
+    def hidden_states(self, kind: str = "final") -> np.ndarray:
+        """float32[n, hidden] of the last forward: ``kind`` "final" (the graph's hidden_states output) or
+        "aux" (aux_hidden_states, the concatenated taps). Host-owned; valid until the next forward/rewind."""
+        caps = self.model.capabilities
+        if kind not in ("final", "aux"):
+            raise ConfigError(f"hidden_states(kind={kind!r}): kind is 'final' or 'aux'")
+        name = caps.hidden_states if kind == "final" else caps.aux_hidden_states
+        if name is None:
+            output = "hidden_states" if kind == "final" else "aux_hidden_states"
+            raise CapabilityError(
+                f"role {self.role!r} (model {self.model.name}) has no {output} output: export it with "
+                "onnxruntime-genai's builder option include_hidden_states=1"
+                + (" and aux_hidden_state_layers" if kind == "aux" else "")
+            )
+        value = self._hidden if kind == "final" else self._aux
+        if value is None:
+            raise SequenceError(f"role {self.role!r} has no hidden states yet: call forward() first")
+        return self._guard(value)
+
+    def rewind(self, length: int) -> None:
+        """Truncate tokens and KV cache to ``length`` (O(1) on shared-buffer models)."""
+        if not 0 <= length <= self.length:
+            raise SequenceError(
+                f"rewind({length}) on role {self.role!r} of length {self.length}: the length must be between "
+                f"0 and {self.length}"
+            )
+        self._runner.truncate(length)
+        self._invalidate()
+
+    def keep(self, indices: Seq[int]) -> None:
+        """After a tree forward, keep the nodes at ``indices`` (a root-to-leaf path) and drop the rest."""
+        raise CapabilityError(
+            f"keep() on role {self.role!r}: tree verification is not implemented in this host yet "
+            "(see the tree-verification issue)"
+        )
+
+    # -- internals --------------------------------------------------------------------------------------
+    def _checked_tokens(self, tokens: Seq[int] | np.ndarray) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise SequenceError(f"forward() on role {self.role!r} got no tokens: pass at least one")
+        if self.length + ids.size > self.max_length:
+            raise SequenceError(
+                f"forward() of {ids.size} tokens on role {self.role!r} at length {self.length} would pass its "
+                f"max_length {self.max_length}: rewind first, or load the model with a larger max_length"
+            )
+        vocab = self.vocab_size
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise SequenceError(
+                f"forward() on role {self.role!r} got token ids outside [0, {vocab}): "
+                f"{[int(t) for t in ids if t < 0 or t >= vocab][:5]}"
+            )
+        return ids
+
+    def _run(self, ids: np.ndarray) -> np.ndarray:
+        start = self.length
+        begin = time.perf_counter()
+        outputs = self._runner.run(ids)
+        self.stats.seconds += time.perf_counter() - begin
+        self.stats.forwards += 1
+        self.stats.tokens_fed += len(ids)
+        self._tokens[start : start + len(ids)] = ids
+        self._logits, self._hidden, self._aux = outputs.logits, outputs.hidden, outputs.aux
+        self._invalidate(keep_outputs=True)
+        return self._guard(outputs.logits)
+
+    def _forward_tree(self, tokens: Seq[int] | np.ndarray, tree: Seq[int]) -> np.ndarray:
+        if not self.model.capabilities.tree:
+            raise CapabilityError(
+                f"forward(tree=...) on role {self.role!r}: model {self.model.name} has no position_ids and "
+                f"attention_bias inputs; {TREE_TRANSFORM_HINT}"
+            )
+        raise CapabilityError(
+            f"forward(tree=...) on role {self.role!r}: tree verification is not implemented in this host yet "
+            "(see the tree-verification issue)"
+        )
+
+    def _invalidate(self, *, keep_outputs: bool = False) -> None:
+        self._epoch += 1
+        if not keep_outputs:
+            self._logits = self._hidden = self._aux = None
+
+    def _guard(self, array: np.ndarray) -> np.ndarray:
+        if not self._debug:
+            return array
+        view = array.view(_StaleView)
+        view._owner = self
+        view._epoch = self._epoch
+        return view
+
+
+class Host:
+    """The primitives of one generation: its roles, its output, its processor chain and its rng.
+
+    ``host["draft"]`` (or ``host.role("draft")``) is a role's Sequence; ``host.target`` the target's.
+    """
+
+    def __init__(
+        self,
+        roles: Mapping[str, Sequence],
+        output: Output,
+        *,
+        prompt: np.ndarray,
+        chain: ProcessorChain | None = None,
+        seed: int | None = None,
+    ) -> None:
+        if "target" not in roles:
+            raise ConfigError("a host needs a 'target' role: give the model to generate with")
+        self._roles = dict(roles)
+        self._output = output
+        self._prompt = prompt
+        self._chain = chain or ProcessorChain()
+        self.rng = np.random.default_rng(seed)
+        self.prefill_chunk: int | None = None
+        #: what the controller did, for the stats' execution trace: drafters, modes, and under "degraded"
+        #: any degraded mode the user asked for
+        self.trace: dict[str, Any] = {}
+
+    # -- roles ------------------------------------------------------------------------------------------
+    def role(self, name: str) -> Sequence:
+        try:
+            return self._roles[name]
+        except KeyError:
+            raise ConfigError(
+                f"role {name!r} was not given to this generation (roles: {sorted(self._roles)}): pass a model "
+                f"for it, e.g. --{name} PATH"
+            ) from None
+
+    __getitem__ = role
+
+    @property
+    def target(self) -> Sequence:
+        return self._roles["target"]
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(self._roles)
+
+    # -- output -----------------------------------------------------------------------------------------
+    def commit(self, tokens: Seq[int] | np.ndarray) -> int:
+        """Append accepted tokens to the output, applying EOS, max_new_tokens and stop strings; return how
+        many were taken (fewer than given once the generation is done)."""
+        taken = self._output.commit(tokens)
+        if taken and self._chain:
+            self._chain.commit(self._output.tokens[-taken:])
+        return taken
+
+    @property
+    def done(self) -> bool:
+        return self._output.done
+
+    def is_eos(self, token: int) -> bool:
+        return self._output.is_eos(int(token))
+
+    @property
+    def max_length(self) -> int:
+        """The longest the target sequence may grow in this generation (prompt plus new tokens)."""
+        return len(self._prompt) + min(self._output.rules.max_new_tokens, self._output.rules.capacity)
+
+    @property
+    def remaining(self) -> int:
+        """How many more tokens commit() will take."""
+        return self._output.remaining
+
+    @property
+    def output_tokens(self) -> tuple[int, ...]:
+        return tuple(self._output.tokens)
+
+    @property
+    def prompt_tokens(self) -> np.ndarray:
+        return self._prompt
+
+    # -- processing -------------------------------------------------------------------------------------
+    def process(
+        self,
+        rows: np.ndarray,
+        drafted: Seq[int] | None = None,
+        *,
+        paths: Seq[Seq[int]] | None = None,
+    ) -> np.ndarray:
+        """Run the processor chain over float32[n, vocab] rows; identity (no copy) when none is configured.
+
+        Row i is conditioned on the committed output plus ``drafted[:i]`` (a chain of drafted tokens), or
+        plus ``paths[i]`` for arbitrary prefixes (a tree). Neither given: every row follows the committed
+        output directly.
+        """
+        if not self._chain:
+            return rows
+        n = len(rows)
+        if paths is None:
+            drafted = () if drafted is None else [int(t) for t in drafted]
+            if n > len(drafted) + 1:
+                raise SequenceError(
+                    f"process() got {n} rows but only {len(drafted)} drafted tokens: row i needs drafted[:i]"
+                )
+            paths = [drafted[:i] for i in range(n)]
+        elif len(paths) != n:
+            raise SequenceError(f"process() got {n} rows and {len(paths)} paths: give one path per row")
+        context = ProcessContext(self._prompt, np.asarray(self._output.tokens, np.int64), paths)
+        return self._chain(rows, context)

@@ -1,0 +1,86 @@
+"""What a graph can do, read from its inputs and outputs (never assumed from the config)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from decoctl.errors import ModelLoadError
+from decoctl.model.spec import ModelSpec
+
+__all__ = ["Capabilities"]
+
+HIDDEN_STATES = "hidden_states"
+AUX_HIDDEN_STATES = "aux_hidden_states"
+ATTENTION_BIAS = "attention_bias"
+
+
+@attrs.frozen(kw_only=True)
+class Capabilities:
+    """Optional features of one graph.
+
+    ``logits_all_positions``: the logits output has one row per fed token (otherwise only the last).
+    ``hidden_states`` / ``aux_hidden_states``: output names, or None when the graph has none.
+    ``hidden_size`` / ``aux_hidden_size``: the last dimension of those outputs.
+    ``position_ids`` / ``attention_bias``: input names, or None. ``tree`` needs both.
+    """
+
+    logits_all_positions: bool
+    hidden_states: str | None
+    hidden_size: int | None
+    aux_hidden_states: str | None
+    aux_hidden_size: int | None
+    position_ids: str | None
+    attention_bias: str | None
+
+    @property
+    def tree(self) -> bool:
+        return self.position_ids is not None and self.attention_bias is not None
+
+    def names(self) -> tuple[str, ...]:
+        """The capability names a controller can require (see ControllerSpec.capabilities)."""
+        present = {
+            "logits_all_positions": self.logits_all_positions,
+            "hidden_states": self.hidden_states is not None,
+            "aux_hidden_states": self.aux_hidden_states is not None,
+            "position_ids": self.position_ids is not None,
+            "tree": self.tree,
+        }
+        return tuple(name for name, ok in present.items() if ok)
+
+    @classmethod
+    def from_session(cls, session: Any, spec: ModelSpec) -> Capabilities:
+        """Read a live onnxruntime.InferenceSession's inputs and outputs against the folder's spec."""
+        inputs = {i.name: i for i in session.get_inputs()}
+        outputs = {o.name: o for o in session.get_outputs()}
+        required = [spec.input_ids_name, spec.attention_mask_name]
+        for layer in range(spec.num_layers):
+            required.extend(spec.past_names(layer))
+        missing = [name for name in required if name not in inputs]
+        if spec.logits_name not in outputs:
+            missing.append(spec.logits_name)
+        for layer in range(spec.num_layers):
+            missing.extend(name for name in spec.present_names(layer) if name not in outputs)
+        if missing:
+            raise ModelLoadError(
+                f"{spec.onnx_file} lacks the inputs/outputs {missing} that its config promises "
+                f"({spec.num_layers} layers): the config and the graph do not belong together; re-export both"
+            )
+        logits_shape = outputs[spec.logits_name].shape
+        seq_dim = logits_shape[1] if len(logits_shape) == 3 else None
+        return cls(
+            logits_all_positions=seq_dim != 1,
+            hidden_states=HIDDEN_STATES if HIDDEN_STATES in outputs else None,
+            hidden_size=_last_dim(outputs.get(HIDDEN_STATES)),
+            aux_hidden_states=AUX_HIDDEN_STATES if AUX_HIDDEN_STATES in outputs else None,
+            aux_hidden_size=_last_dim(outputs.get(AUX_HIDDEN_STATES)),
+            position_ids=spec.position_ids_name if spec.position_ids_name in inputs else None,
+            attention_bias=ATTENTION_BIAS if ATTENTION_BIAS in inputs else None,
+        )
+
+
+def _last_dim(node: Any) -> int | None:
+    if node is None:
+        return None
+    last = node.shape[-1]
+    return last if isinstance(last, int) else None

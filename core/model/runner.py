@@ -1,0 +1,134 @@
+"""One onnxruntime Run per forward, with every input and output in preallocated buffers (IOBinding)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+from decoctl.model.kv_cache import KVCache, make_kv_cache
+from decoctl.model.loader import LoadedModel
+
+__all__ = ["RunOutputs", "Runner"]
+
+
+class RunOutputs:
+    """Views of the last run's outputs: ``logits`` float32[n, vocab], ``hidden`` / ``aux`` float32[n, h] or
+    None. They alias the runner's buffers and change with its next run."""
+
+    __slots__ = ("aux", "hidden", "logits")
+
+    def __init__(self, logits: np.ndarray, hidden: np.ndarray | None, aux: np.ndarray | None) -> None:
+        self.logits = logits
+        self.hidden = hidden
+        self.aux = aux
+
+
+class _Growable:
+    """A [capacity, width] buffer that doubles when a run needs more rows (never shrinks, never per step)."""
+
+    def __init__(self, width: int, dtype: type, capacity: int = 16) -> None:
+        self.width = width
+        self.dtype = dtype
+        self.array = np.zeros((capacity, width), dtype)
+
+    def rows(self, n: int) -> np.ndarray:
+        if n > self.array.shape[0]:
+            capacity = self.array.shape[0]
+            while capacity < n:
+                capacity *= 2
+            self.array = np.zeros((capacity, self.width), self.dtype)
+        return self.array[:n]
+
+
+class Runner:
+    """Runs one model for one sequence: owns its KV cache, its IOBinding and its output buffers.
+
+    ``run(tokens, positions, bias)`` feeds tokens after the cache's current length. ``positions`` (int64[n])
+    and ``bias`` (float32[n, length+n], additive) are only used by graphs that take position_ids /
+    attention_bias; plain chains pass None and get consecutive positions and a causal mask.
+    """
+
+    def __init__(self, model: LoadedModel, max_length: int | None = None) -> None:
+        spec = model.spec
+        self.model = model
+        self.max_length = min(max_length or spec.max_length, spec.context_length)
+        self.kv: KVCache = make_kv_cache(model.session, spec, self.max_length)
+        self._session = model.session
+        self._binding = model.session.io_binding()
+        self._run_options = ort.RunOptions()
+        caps = model.capabilities
+        self._ids = np.zeros((1, self.max_length), np.int64)
+        self._mask = np.ones((1, self.max_length), np.int64)
+        self._positions = np.zeros((1, self.max_length), np.int64)
+        self._logits = _Growable(spec.vocab_size, np.float32)
+        self._hidden = _Growable(caps.hidden_size, np.float32) if caps.hidden_states and caps.hidden_size else None
+        self._aux = (
+            _Growable(caps.aux_hidden_size, np.float32) if caps.aux_hidden_states and caps.aux_hidden_size else None
+        )
+        self._bias = np.zeros(0, np.float32)
+        self._names = spec
+        self._caps = caps
+
+    @property
+    def length(self) -> int:
+        return self.kv.length
+
+    def run(
+        self, tokens: np.ndarray, positions: np.ndarray | None = None, bias: np.ndarray | None = None
+    ) -> RunOutputs:
+        """Feed ``tokens`` (int64[n]) after the current length; return views of the outputs."""
+        n = len(tokens)
+        past = self.kv.length
+        total = past + n
+        binding = self._binding
+        spec, caps = self._names, self._caps
+        ids = self._ids[:, :n]
+        ids[0] = tokens
+        binding.bind_input(spec.input_ids_name, "cpu", 0, np.int64, [1, n], ids.ctypes.data)
+        binding.bind_input(spec.attention_mask_name, "cpu", 0, np.int64, [1, total], self._mask.ctypes.data)
+        if caps.position_ids is not None:
+            pos = self._positions[:, :n]
+            if positions is None:
+                pos[0] = np.arange(past, total)
+            else:
+                pos[0] = positions
+            binding.bind_input(caps.position_ids, "cpu", 0, np.int64, [1, n], pos.ctypes.data)
+        if caps.attention_bias is not None:
+            bias_view = self._bias_view(n, total, bias)
+            binding.bind_input(caps.attention_bias, "cpu", 0, np.float32, [1, 1, n, total], bias_view.ctypes.data)
+        self.kv.bind(binding, n)
+        logit_rows = n if caps.logits_all_positions else 1
+        logits = self._logits.rows(logit_rows)
+        binding.bind_output(
+            spec.logits_name, "cpu", 0, np.float32, [1, logit_rows, spec.vocab_size], logits.ctypes.data
+        )
+        hidden = self._bind_rows(caps.hidden_states, self._hidden, n)
+        aux = self._bind_rows(caps.aux_hidden_states, self._aux, n)
+        self._session.run_with_iobinding(binding, self._run_options)
+        self.kv.advance(n)
+        return RunOutputs(logits, hidden, aux)
+
+    def _bind_rows(self, name: str | None, buffer: _Growable | None, n: int) -> np.ndarray | None:
+        if name is None or buffer is None:
+            return None
+        rows = buffer.rows(n)
+        self._binding.bind_output(name, "cpu", 0, np.float32, [1, n, buffer.width], rows.ctypes.data)
+        return rows
+
+    def _bias_view(self, n: int, total: int, bias: np.ndarray | None) -> np.ndarray:
+        size = n * total
+        if self._bias.size < size:
+            self._bias = np.zeros(max(size, 2 * self._bias.size), np.float32)
+        view = self._bias[:size].reshape(n, total)
+        if bias is None:
+            view[:] = 0.0
+            past = total - n
+            view[:, past:][np.triu_indices(n, 1)] = -np.inf
+        else:
+            view[:] = bias
+        return view
+
+    def truncate(self, length: int) -> None:
+        self.kv.truncate(length)
+
+    def gather(self, positions: np.ndarray, start: int) -> None:
+        self.kv.gather(positions, start)

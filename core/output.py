@@ -1,0 +1,114 @@
+"""The committed output of one generation: tokens, text, stop rules, streaming."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import attrs
+from decoctl.model.tokenizer import IncrementalDetokenizer
+
+__all__ = ["Output", "StopRules"]
+
+StreamSink = Callable[[list[int], str], None]
+
+
+@attrs.frozen(kw_only=True)
+class StopRules:
+    """When a generation ends: any EOS id, ``max_new_tokens`` committed, any stop string in the text, or the
+    sequence reaching ``capacity`` new tokens (the KV cache is full)."""
+
+    eos_token_ids: frozenset[int] = attrs.field(converter=frozenset)
+    max_new_tokens: int
+    stop_strings: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    capacity: int
+
+
+class Output:
+    """Tokens accepted so far and the text they make.
+
+    ``commit`` applies the stop rules token by token and returns how many tokens it took; EOS is counted as
+    taken but adds no text; a stop string is cut from the text. ``sink`` receives (new tokens, new text) after
+    every commit; text that could still become a stop string is held back until it cannot.
+    """
+
+    def __init__(self, rules: StopRules, detokenizer: IncrementalDetokenizer, sink: StreamSink | None) -> None:
+        self.rules = rules
+        self.tokens: list[int] = []
+        self.stop_reason: str | None = None
+        self._detokenizer = detokenizer
+        self._sink = sink
+        self._text = ""
+        self._emitted = 0
+        self._holdback = max((len(s) for s in rules.stop_strings), default=1) - 1
+
+    @property
+    def done(self) -> bool:
+        return self.stop_reason is not None
+
+    @property
+    def remaining(self) -> int:
+        """How many more tokens commit() may take."""
+        if self.done:
+            return 0
+        limit = min(self.rules.max_new_tokens, self.rules.capacity)
+        return limit - len(self.tokens)
+
+    @property
+    def text(self) -> str:
+        """The text so far (a stop string and an unfinished UTF-8 character excluded)."""
+        return self._text
+
+    def is_eos(self, token: int) -> bool:
+        return token in self.rules.eos_token_ids
+
+    def commit(self, tokens: Iterable[int]) -> int:
+        taken: list[int] = []
+        for token in tokens:
+            if self.done:
+                break
+            token = int(token)
+            taken.append(token)
+            self.tokens.append(token)
+            if token in self.rules.eos_token_ids:
+                self.stop_reason = "eos"
+            elif self.rules.stop_strings:
+                self._append_text(self._detokenizer.push((token,)))
+            if self.stop_reason is None and self.remaining <= 0:
+                self.stop_reason = "max_new_tokens" if len(self.tokens) >= self.rules.max_new_tokens else "max_length"
+        if taken and not self.rules.stop_strings:
+            text_tokens = taken[:-1] if self.stop_reason == "eos" else taken
+            self._append_text(self._detokenizer.push(text_tokens))
+        if self.done and self.stop_reason != "stop_string":
+            self._append_text(self._detokenizer.flush())
+        if taken:
+            self._emit(taken)
+        return len(taken)
+
+    def _append_text(self, piece: str) -> None:
+        if not piece or self.stop_reason == "stop_string":
+            return
+        start = max(0, len(self._text) - self._holdback)
+        self._text += piece
+        for stop in self.rules.stop_strings:
+            at = self._text.find(stop, start)
+            if at >= 0:
+                self._text = self._text[:at]
+                self.stop_reason = "stop_string"
+                return
+
+    def _emit(self, tokens: Sequence[int]) -> None:
+        if self._sink is None:
+            return
+        end = len(self._text) if self.done else self._safe_end()
+        piece = self._text[self._emitted : end]
+        self._emitted = max(self._emitted, end)
+        self._sink(list(tokens), piece)
+
+    def _safe_end(self) -> int:
+        """End of the text that no stop string can still claim."""
+        text = self._text
+        for keep in range(min(self._holdback, len(text)), 0, -1):
+            tail = text[-keep:]
+            if any(stop.startswith(tail) for stop in self.rules.stop_strings):
+                return len(text) - keep
+        return len(text)

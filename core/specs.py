@@ -1,0 +1,117 @@
+"""The records plugins contribute: controllers, logits processors, model bundles, and option schemas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from decoctl.errors import ConfigError
+
+__all__ = ["ControllerSpec", "ModelBundle", "Option", "ProcessorSpec", "normalise_name", "parse_options"]
+
+
+def normalise_name(name: str) -> str:
+    """Plugin names compare case-insensitively with '_' and '-' alike: "Prompt_Lookup" == "prompt-lookup"."""
+    return name.strip().lower().replace("_", "-")
+
+
+_TYPES: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "str": str}
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{value!r} is not a boolean (use true or false)")
+
+
+@attrs.frozen(kw_only=True)
+class Option:
+    """One option a controller or processor accepts. ``type``: "int", "float", "str" or "bool"."""
+
+    name: str
+    type: str = attrs.field(validator=attrs.validators.in_(("int", "float", "str", "bool")))
+    default: Any = None
+    help: str = ""
+    choices: tuple[Any, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def convert(self, value: Any, owner: str) -> Any:
+        try:
+            converted = _to_bool(value) if self.type == "bool" else _TYPES[self.type](value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{owner} option {self.name}={value!r} is not a {self.type}: {exc}") from None
+        if self.choices and converted not in self.choices:
+            raise ConfigError(f"{owner} option {self.name}={converted!r} must be one of {list(self.choices)}")
+        if self.minimum is not None and converted < self.minimum:
+            raise ConfigError(f"{owner} option {self.name}={converted!r} must be at least {self.minimum}")
+        if self.maximum is not None and converted > self.maximum:
+            raise ConfigError(f"{owner} option {self.name}={converted!r} must be at most {self.maximum}")
+        return converted
+
+
+def parse_options(owner: str, schema: tuple[Option, ...], given: Mapping[str, Any]) -> dict[str, Any]:
+    """Defaults overlaid with ``given``, each converted and checked; an unknown name raises ConfigError."""
+    known = {normalise_name(o.name): o for o in schema}
+    values = {o.name: o.default for o in schema}
+    for key, value in given.items():
+        option = known.get(normalise_name(key))
+        if option is None:
+            names = ", ".join(sorted(o.name for o in schema)) or "none"
+            raise ConfigError(f"{owner} has no option {key!r} (its options: {names})")
+        values[option.name] = option.convert(value, owner)
+    return values
+
+
+@attrs.frozen(kw_only=True)
+class ControllerSpec:
+    """A controller a plugin provides.
+
+    ``factory(options: dict) -> Controller`` builds one from parsed options (or ``library`` names a shared
+    library speaking the C ABI, with ``symbol`` the controller's name inside it). ``roles``: the roles it
+    drives ("target" first); ``capabilities``: role -> capability names it needs (see Capabilities.names()).
+    ``plugin`` is stamped by the plugin manager.
+    """
+
+    name: str = attrs.field(converter=normalise_name)
+    summary: str
+    factory: Callable[[dict[str, Any]], Any] | None = None
+    library: Path | None = None
+    symbol: str | None = None
+    roles: tuple[str, ...] = ("target",)
+    capabilities: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    options: tuple[Option, ...] = ()
+    plugin: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        if (self.factory is None) == (self.library is None):
+            raise ConfigError(f"controller spec {self.name!r} needs exactly one of factory or library")
+
+
+@attrs.frozen(kw_only=True)
+class ProcessorSpec:
+    """A logits processor a plugin provides: ``factory(options: dict) -> LogitsProcessor``."""
+
+    name: str = attrs.field(converter=normalise_name)
+    summary: str
+    factory: Callable[[dict[str, Any]], Any]
+    options: tuple[Option, ...] = ()
+    plugin: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class ModelBundle:
+    """A named model folder a plugin ships (how the demo models become the default without a path)."""
+
+    name: str = attrs.field(converter=normalise_name)
+    path: Path = attrs.field(converter=Path)
+    summary: str = ""
+    roles: Mapping[str, str] = attrs.field(factory=dict)
+    plugin: str = ""
