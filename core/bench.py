@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from decoctl.bench_contenders import (
     Contender,
     ControllerContender,

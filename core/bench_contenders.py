@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 import onnxruntime as ort
+
 from decoctl.errors import ConfigError
 from decoctl.generate import Generator
 from decoctl.model.loader import LoadedModel, session_options

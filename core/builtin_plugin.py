@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pluggy
+
 from decoctl.controllers import builtin_controllers
 from decoctl.specs import ControllerSpec
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 import structlog
+
 from decoctl.bench import add_bench_parser, run_bench
 from decoctl.errors import DecoctlError, GenerationError
 from decoctl.generate import GenerationStats, Generator

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
 from decoctl.host import Host
 from decoctl.specs import ControllerSpec, Option
 

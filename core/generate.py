@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 import numpy as np
 import structlog
+
 from decoctl.controllers import Controller
 from decoctl.errors import CapabilityError, ConfigError, ControllerError, DecoctlError, GenerationError
 from decoctl.host import Host, Sequence

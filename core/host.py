@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+
 from decoctl.errors import CapabilityError, ConfigError, SequenceError
 from decoctl.model.loader import LoadedModel
 from decoctl.model.runner import Runner

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 import attrs
+
 from decoctl.model.tokenizer import IncrementalDetokenizer
 
 __all__ = ["Output", "StopRules"]

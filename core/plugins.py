@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import attrs
 import pluggy
 import structlog
+
 from decoctl import builtin_plugin
 from decoctl.errors import PluginError
 from decoctl.specs import ControllerSpec, ModelBundle, ProcessorSpec, normalise_name

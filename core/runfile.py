@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from decoctl.errors import ConfigError
 
 __all__ = ["RunFile"]

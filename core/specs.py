@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from decoctl.errors import ConfigError
 
 __all__ = ["ControllerSpec", "ModelBundle", "Option", "ProcessorSpec", "normalise_name", "parse_options"]

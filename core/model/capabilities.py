@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+
 from decoctl.errors import ModelLoadError
 from decoctl.model.spec import ModelSpec
 

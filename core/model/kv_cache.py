@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+
 from decoctl.errors import ModelLoadError
 from decoctl.model.spec import ModelSpec
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import attrs
 import onnxruntime as ort
 import structlog
+
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.model.capabilities import Capabilities
 from decoctl.model.spec import ModelSpec

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
+
 from decoctl.model.kv_cache import KVCache, make_kv_cache
 from decoctl.model.loader import LoadedModel
 
@@ -28,7 +29,7 @@ class _Growable:
     def __init__(self, width: int, dtype: type, capacity: int = 16) -> None:
         self.width = width
         self.dtype = dtype
-        self.array = np.zeros((capacity, width), dtype)
+        self.array: np.ndarray = np.zeros((capacity, width), dtype)
 
     def rows(self, n: int) -> np.ndarray:
         if n > self.array.shape[0]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from decoctl.errors import ModelLoadError
 
 __all__ = ["ModelSpec", "detect_layout"]

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
-from decoctl.errors import ModelLoadError
 from tokenizers import Tokenizer as HfTokenizer
+
+from decoctl.errors import ModelLoadError
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer"]
 

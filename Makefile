@@ -1,0 +1,46 @@
+# decoctl developer entry points. Every target is idempotent: a second run reinstalls nothing that is current.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
+STAMP  := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+PROMPT ?= def fibonacci(n):
+
+.PHONY: setup setup-test demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# core plus every distribution under plugins/, editable
+$(STAMP): $(BIN)/python pyproject.toml setup.py $(wildcard abi/*.py abi/*.h) $(wildcard plugins/*/pyproject.toml)
+	$(BIN)/pip install -q -e . $(foreach p,$(PLUGINS),-e $(p))
+	touch $@
+
+# the test extras: pytest, hypothesis, ruff, mypy, onnx; torch only from the machine's local CPU wheel
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[test]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
+	touch $@
+
+setup: $(STAMP)
+
+setup-test: $(TEST_STAMP)
+
+# generate on the bundled demo model (or, while none is bundled, on a small model this target builds)
+demo: $(STAMP)
+	$(BIN)/python tools/demo.py "$(PROMPT)"
+
+lint: $(TEST_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy core
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/decoctl bench --contenders greedy,raw-ort --json build/bench.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info

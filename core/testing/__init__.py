@@ -1,0 +1,38 @@
+"""Test helpers shipped with decoctl: tiny random-weight ONNX language models and their tokenizer.
+
+Everything is built on the fly from a seed, without torch and without downloads, for the tests of the host and
+of plugin distributions::
+
+    from decoctl.testing import build_genai_model, reference_logits
+
+    folder = build_genai_model(tmp_path / "target", seed=1, hidden_states=True)
+    expected = reference_logits(folder, [0, 17, 42])  # float32[3, vocab]
+"""
+
+from decoctl.testing.models import (
+    AUX_LAYERS_METADATA_KEY,
+    build_genai_model,
+    build_optimum_model,
+    reference_logits,
+    top2_gap,
+)
+from decoctl.testing.tokenizer import (
+    BOS_TOKEN_ID,
+    EOS_TOKEN_ID,
+    PAD_TOKEN_ID,
+    SPECIAL_TOKENS,
+    build_tokenizer,
+)
+
+__all__ = [
+    "AUX_LAYERS_METADATA_KEY",
+    "BOS_TOKEN_ID",
+    "EOS_TOKEN_ID",
+    "PAD_TOKEN_ID",
+    "SPECIAL_TOKENS",
+    "build_genai_model",
+    "build_optimum_model",
+    "build_tokenizer",
+    "reference_logits",
+    "top2_gap",
+]

@@ -1,0 +1,47 @@
+"""Shared fixtures: tiny models in both layouts, built once per session, and a registry without autoload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from decoctl.plugins import PluginRegistry
+from decoctl.testing import build_genai_model, build_optimum_model
+
+
+@pytest.fixture(scope="session")
+def genai_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_genai_model(tmp_path_factory.mktemp("genai"), seed=3, hidden_states=True)
+
+
+@pytest.fixture(scope="session")
+def genai_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_genai_model(tmp_path_factory.mktemp("draft"), seed=4, num_layers=1, hidden=32, num_heads=2)
+
+
+@pytest.fixture(scope="session")
+def optimum_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_optimum_model(tmp_path_factory.mktemp("optimum"), seed=3)
+
+
+@pytest.fixture(scope="session")
+def optimum_model_no_positions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_optimum_model(tmp_path_factory.mktemp("optimum-nopos"), seed=5, position_ids=False)
+
+
+@pytest.fixture(scope="session")
+def last_logits_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_genai_model(tmp_path_factory.mktemp("last"), seed=6, logits_all_positions=False)
+
+
+@pytest.fixture(params=["genai", "optimum", "optimum_no_positions"])
+def any_model(request: pytest.FixtureRequest) -> Path:
+    name = {"genai": "genai_model", "optimum": "optimum_model", "optimum_no_positions": "optimum_model_no_positions"}
+    return request.getfixturevalue(name[request.param])
+
+
+@pytest.fixture
+def registry() -> PluginRegistry:
+    """Built-ins only: tests register plugin objects directly, entry points are not loaded."""
+    return PluginRegistry(autoload=False)
