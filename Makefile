@@ -3,6 +3,8 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
+# torch (test extra only) must come from the machine's local CPU wheel, never the registry's CUDA build
+PIP    := $(BIN)/pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 PROMPT ?= def fibonacci(n):
@@ -15,12 +17,12 @@ $(BIN)/python:
 
 # core plus every distribution under plugins/, editable
 $(STAMP): $(BIN)/python pyproject.toml setup.py $(wildcard abi/*.py abi/*.h) $(wildcard plugins/*/pyproject.toml)
-	$(BIN)/pip install -q -e . $(foreach p,$(PLUGINS),-e $(p))
+	$(PIP) -e . $(foreach p,$(PLUGINS),-e $(p))
 	touch $@
 
 # the test extras: pytest, hypothesis, ruff, mypy, onnx; torch only from the machine's local CPU wheel
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[test]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
+	$(PIP) -e '.[test]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
 	touch $@
 
 setup: $(STAMP)
@@ -29,7 +31,7 @@ setup-test: $(TEST_STAMP)
 
 # generate on the bundled demo model (or, while none is bundled, on a small model this target builds)
 demo: $(STAMP)
-	$(BIN)/python tools/demo.py "$(PROMPT)"
+	$(BIN)/decoctl generate "$(PROMPT)"
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import sys
@@ -107,6 +108,17 @@ class BenchReport:
     repeats: int
     prompts: int
     contenders: list[ContenderResult]
+    rss_mb_after_warmup: float
+    rss_mb_end: float
+
+
+def resident_mb() -> float:
+    """This process's resident set in MiB (Linux /proc; 0.0 where it is not available)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def load_prompts(path: str | None) -> list[str]:
@@ -167,9 +179,10 @@ def run_contenders(
     """outcomes[label][repeat][prompt], every repeat running all contenders on each prompt in turn."""
     encoded = [tokenizer.encode(p) for p in prompts]
     outcomes: dict[str, list[list[Outcome]]] = {label: [] for label, _ in contenders}
-    for contender_label, contender in contenders:  # warm-up: first runs allocate buffers and page weights in
-        contender.run(prompts[0], encoded[0], min(8, max_new_tokens))
-        del contender_label
+    # warm-up at full length: first runs allocate KV and output buffers and page the weights in, so that
+    # the resident set measured after it must stay flat for the rest of the run
+    for _, contender in contenders:
+        contender.run(prompts[0], encoded[max(range(len(encoded)), key=lambda i: len(encoded[i]))], max_new_tokens)
     for repeat in range(repeats):
         for label, _ in contenders:
             outcomes[label].append([])
@@ -228,7 +241,8 @@ def _median_rate(runs: Sequence[Sequence[Outcome]]) -> float:
 def format_table(report: BenchReport) -> str:
     lines = [
         f"model {report.model}  threads {report.threads}  prompts {report.prompts}  max_new_tokens "
-        f"{report.max_new_tokens}  repeats {report.repeats}  baseline {report.baseline}",
+        f"{report.max_new_tokens}  repeats {report.repeats}  baseline {report.baseline}  RSS after warm-up "
+        f"{report.rss_mb_after_warmup:.1f} MiB, at the end {report.rss_mb_end:.1f} MiB",
         f"{'contender':<28}{'tok/s':>10}{'ratio':>8}{'identical':>11}{'tok/fwd':>9}{'target fwd':>12}",
     ]
     for c in report.contenders:
@@ -307,6 +321,7 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
     def progress(done: int, total: int) -> None:
         print(f"repeat {done}/{total}", file=sys.stderr)
 
+    rss_before = resident_mb()
     outcomes = run_contenders(
         contenders, prompts, tokenizer, max_new_tokens=args.max_new_tokens, repeats=args.repeats, progress=progress
     )
@@ -318,6 +333,8 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
         repeats=args.repeats,
         prompts=len(prompts),
         contenders=summarise(outcomes, args.baseline),
+        rss_mb_after_warmup=rss_before,
+        rss_mb_end=resident_mb(),
     )
     print(format_table(report))
     if args.json:
