@@ -30,6 +30,7 @@ from decoctl.errors import ConfigError
 from decoctl.generate import Generator
 from decoctl.model.loader import default_threads
 from decoctl.plugins import PluginRegistry
+from decoctl.specs import parse_options
 
 __all__ = ["BenchReport", "ContenderResult", "add_bench_parser", "parse_contenders", "run_bench"]
 
@@ -159,7 +160,7 @@ def build_contenders(
             )
         else:
             probe = registry.controllers().get(spec.name)
-            wanted = probe.roles if probe else ("target",)
+            wanted = probe.active_roles(parse_options(spec.name, probe.options, spec.options)) if probe else ()
             role_models = {"target": model, **{r: roles[r] for r in wanted if r in roles and r != "target"}}
             generator = Generator(role_models, spec.name, options=spec.options, threads=threads, registry=registry)
             contender = ControllerContender(spec.label, generator)

@@ -25,7 +25,8 @@ def _configure_logging(verbose: int) -> None:
     level = logging.WARNING - 10 * verbose
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(max(level, logging.DEBUG)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # look sys.stderr up when a logger is made, not now: it may be replaced (pytest, redirection)
+        logger_factory=lambda *_: structlog.PrintLogger(file=sys.stderr),
         processors=[structlog.processors.add_log_level, structlog.dev.ConsoleRenderer(colors=False)],
     )
 

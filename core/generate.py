@@ -112,30 +112,31 @@ class Generator:
             raise ConfigError(f"prefill_chunk={prefill_chunk} must be at least 1 token (or None for one pass)")
         self.prefill_chunk = prefill_chunk
         self.debug = debug
+        self.roles = self.spec.active_roles(self.options)
         self.models = self._load_roles(dict(models or {}), threads)
         self._sequences: dict[str, Sequence] = {}
 
     # -- set-up -----------------------------------------------------------------------------------------
     def _load_roles(self, given: dict[str, str | Path | None], threads: int | None) -> dict[str, LoadedModel]:
         given.setdefault("target", None)
-        unused = sorted(set(given) - set(self.spec.roles))
+        unused = sorted(set(given) - set(self.roles))
         if unused:
             raise ConfigError(
-                f"role(s) {unused} were given but controller {self.spec.name!r} uses only {list(self.spec.roles)}: "
-                "remove them or pick a controller that uses them"
+                f"role(s) {unused} were given but controller {self.spec.name!r} uses only {list(self.roles)} with "
+                "these options: remove them or pick a controller (or options) that uses them"
             )
         defaults = {}
         if given["target"] is None:
             bundle = self.registry.models().get(resolve_model(None, self.registry)[0])
             defaults = dict(bundle.roles) if bundle else {}
-        missing = [r for r in self.spec.roles if r not in given and r not in defaults]
+        missing = [r for r in self.roles if r not in given and r not in defaults]
         if missing:
             raise ConfigError(
                 f"controller {self.spec.name!r} needs the role(s) {missing}: pass a model for each "
                 f"(e.g. --{missing[0]} PATH)"
             )
         loaded: dict[str, LoadedModel] = {}
-        for role in self.spec.roles:
+        for role in self.roles:
             reference = given[role] if role in given else defaults[role]
             name, path = resolve_model(reference, self.registry)
             loaded[role] = load_model(path, name=name, threads=threads)
@@ -225,7 +226,7 @@ class Generator:
         ids = np.asarray(target_model.tokenizer.encode(prompt), np.int64)
         if ids.size == 0:
             raise ConfigError("the prompt is empty and the model adds no BOS token: give some prompt text")
-        sequences = {role: self._sequence(role, len(ids) + max_new_tokens) for role in self.spec.roles}
+        sequences = {role: self._sequence(role, len(ids) + max_new_tokens) for role in self.roles}
         target = sequences["target"]
         capacity = target.max_length - len(ids)
         if capacity < 1:

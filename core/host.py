@@ -354,5 +354,11 @@ class Host:
             paths = [drafted[:i] for i in range(n)]
         elif len(paths) != n:
             raise SequenceError(f"process() got {n} rows and {len(paths)} paths: give one path per row")
-        context = ProcessContext(self._prompt, np.asarray(self._output.tokens, np.int64), paths)
+        context = ProcessContext(
+            self._prompt,
+            np.asarray(self._output.tokens, np.int64),
+            paths,
+            eos_token_ids=self._output.rules.eos_token_ids,
+            tokenizer=self.target.model.tokenizer,
+        )
         return self._chain(rows, context)

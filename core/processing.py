@@ -8,7 +8,7 @@ distribution plain decoding would have seen at that position.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -19,15 +19,27 @@ class ProcessContext:
     """What the rows of one process() call condition on.
 
     ``prompt``: int64[p]; ``output``: int64[m], the committed tokens; ``paths[i]``: the drafted tokens between
-    the committed output and row i (empty for the next position).
+    the committed output and row i (empty for the next position). ``eos_token_ids``: the target model's EOS ids
+    (for processors that hold EOS back); ``tokenizer``: the target's tokenizer, or None outside a host (for
+    processors that need the vocabulary's text, such as a grammar).
     """
 
-    __slots__ = ("output", "paths", "prompt")
+    __slots__ = ("eos_token_ids", "output", "paths", "prompt", "tokenizer")
 
-    def __init__(self, prompt: np.ndarray, output: np.ndarray, paths: Sequence[Sequence[int]]) -> None:
+    def __init__(
+        self,
+        prompt: np.ndarray,
+        output: np.ndarray,
+        paths: Sequence[Sequence[int]],
+        *,
+        eos_token_ids: frozenset[int] = frozenset(),
+        tokenizer: Any = None,
+    ) -> None:
         self.prompt = prompt
         self.output = output
         self.paths = paths
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.tokenizer = tokenizer
 
     def prefix(self, row: int) -> np.ndarray:
         """int64[p + m + len(paths[row])]: every token before row ``row``'s position."""
@@ -45,7 +57,8 @@ class ProcessContext:
 class LogitsProcessor(Protocol):
     """One step of a chain. ``__call__`` returns float32[n, vocab]; it may modify ``rows`` in place (the
     chain hands it a private copy). Stateful processors (a grammar) advance in ``commit`` and start over in
-    ``reset``; they must not advance on drafted tokens, which reach them only through ``context.paths``."""
+    ``reset``; they must not advance on drafted tokens, which reach them only through ``context.paths``.
+    A processor with a true ``terminal`` attribute (greedy, sample) must come last in its chain."""
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray: ...
 

@@ -161,4 +161,9 @@ def parse_processor_chain(chain: str | list[Any] | None, registry: PluginRegistr
             given = {spec.options[0].name: given.pop("__main__"), **given}
         options = parse_options(f"logits processor {spec.name!r}", spec.options, given)
         processors.append(spec.factory(options))
+        if getattr(processors[-1], "terminal", False) and len(processors) < len(items):
+            raise ConfigError(
+                f"logits processor {spec.name!r} ends a chain (it picks the token), but "
+                f"{', '.join(repr(n) for n, _ in items[len(processors) :])} follow it: put it last"
+            )
     return ProcessorChain(processors)

@@ -76,9 +76,10 @@ class ControllerSpec:
     """A controller a plugin provides.
 
     ``factory(options: dict) -> Controller`` builds one from parsed options (or ``library`` names a shared
-    library speaking the C ABI, with ``symbol`` the controller's name inside it). ``roles``: the roles it
-    drives ("target" first); ``capabilities``: role -> capability names it needs (see Capabilities.names()).
-    ``plugin`` is stamped by the plugin manager.
+    library speaking the C ABI, with ``symbol`` the controller's name inside it). ``roles``: every role it
+    may drive ("target" first); ``roles_for(options) -> tuple`` narrows them when the options decide (a
+    prompt-lookup drafter needs no draft model). ``capabilities``: role -> capability names it needs (see
+    Capabilities.names()). ``plugin`` is stamped by the plugin manager.
     """
 
     name: str = attrs.field(converter=normalise_name)
@@ -87,9 +88,14 @@ class ControllerSpec:
     library: Path | None = None
     symbol: str | None = None
     roles: tuple[str, ...] = ("target",)
+    roles_for: Callable[[dict[str, Any]], tuple[str, ...]] | None = None
     capabilities: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     options: tuple[Option, ...] = ()
     plugin: str = ""
+
+    def active_roles(self, options: dict[str, Any]) -> tuple[str, ...]:
+        """The roles a generation with these (parsed) options uses."""
+        return self.roles if self.roles_for is None else tuple(self.roles_for(options))
 
     def __attrs_post_init__(self) -> None:
         if (self.factory is None) == (self.library is None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import structlog
 
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import build_genai_model, build_optimum_model
@@ -39,6 +40,13 @@ def last_logits_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def any_model(request: pytest.FixtureRequest) -> Path:
     name = {"genai": "genai_model", "optimum": "optimum_model", "optimum_no_positions": "optimum_model_no_positions"}
     return request.getfixturevalue(name[request.param])
+
+
+@pytest.fixture(autouse=True)
+def _unconfigured_logging() -> object:
+    """The CLI configures structlog; put the library default back after every test."""
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture

@@ -58,6 +58,10 @@ class Tokenizer:
     def detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self)
 
+    def to_json(self) -> str:
+        """The tokenizer.json text, for libraries that build their own view of the vocabulary (llguidance)."""
+        return self._inner.to_str()
+
 
 @attrs.define
 class IncrementalDetokenizer:
