@@ -1,0 +1,5 @@
+"""decoctl-speculative: speculative decoding with a draft model or prompt lookup, lossless by construction."""
+
+from decoctl_speculative.controller import AdaptiveDraftLength, Speculative
+
+__all__ = ["AdaptiveDraftLength", "Speculative"]

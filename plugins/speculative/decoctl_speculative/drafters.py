@@ -1,0 +1,141 @@
+"""Drafters propose the next tokens cheaply; the target verifies them in one forward.
+
+``propose(host, context, k)`` returns up to k tokens and, for drafters that sample, the float64[k, vocab]
+distributions q they were drawn from (None for point-mass proposals).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from decoctl import Host
+from decoctl_speculative.acceptance import draw, probabilities
+
+__all__ = ["DraftModelDrafter", "Drafter", "PromptLookupDrafter"]
+
+
+class Drafter(Protocol):
+    name: str
+    #: proposals are point masses (q = 1): verification uses the deterministic-draft rule
+    deterministic: bool
+
+    def start(self, host: Host) -> None: ...
+
+    def propose(self, host: Host, context: np.ndarray, k: int) -> tuple[list[int], np.ndarray | None]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+class DraftModelDrafter:
+    """A smaller model in role "draft" runs k autoregressive steps. Greedy (argmax of its processed logits:
+    a point mass) or sampled from softmax(processed / temperature) (its q rows are returned).
+
+    The draft's KV cache is kept in step with the committed context lazily: before drafting, the longest
+    prefix its tokens share with the context is kept and only the rest is fed (usually the accepted tokens
+    plus the target's correction, in one forward).
+    """
+
+    name = "draft-model"
+
+    def __init__(self, *, sample: bool, temperature: float) -> None:
+        self.deterministic = not sample
+        self.temperature = temperature
+        self._matched = 0
+
+    def start(self, host: Host) -> None:
+        host["draft"].rewind(0)
+        self._matched = 0
+
+    def _sync(self, host: Host, context: np.ndarray) -> np.ndarray:
+        """Bring the draft to ``context`` and return its last logits row."""
+        draft = host["draft"]
+        have = draft.length
+        start = min(self._matched, have)
+        tail = draft.tokens[start:have]
+        compared = context[start : start + len(tail)]
+        differ = np.flatnonzero(tail[: len(compared)] != compared)
+        common = start + (int(differ[0]) if differ.size else min(len(tail), len(compared)))
+        common = min(common, len(context) - 1)  # feed at least one token to get a fresh row
+        draft.rewind(common)
+        row = draft.prefill(context[common:], host.prefill_chunk)[-1]
+        self._matched = len(context)
+        return row
+
+    def propose(self, host: Host, context: np.ndarray, k: int) -> tuple[list[int], np.ndarray | None]:
+        draft = host["draft"]
+        row = self._sync(host, context)
+        drafts: list[int] = []
+        qs: list[np.ndarray] = []
+        for index in range(k):
+            processed = host.process(row[None, :], paths=[drafts])
+            if self.deterministic:
+                token = int(np.argmax(processed[0]))
+            else:
+                q = probabilities(processed, self.temperature)[0]
+                token = draw(q, host.rng)
+                qs.append(q)
+            drafts.append(token)
+            if index + 1 < k:
+                row = draft.forward((token,))[-1]
+        return drafts, (None if self.deterministic else np.stack(qs))
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+class PromptLookupDrafter:
+    """Copy the continuation of the latest earlier occurrence of the context's last n tokens (n from
+    ``ngram_max`` down to ``ngram_min``), from prompt and output alike. Point-mass proposals; no model.
+
+    An index from each n-gram to the position after its latest occurrence is extended by the new tokens only,
+    so a step costs O(new tokens x ngram_max), not O(context).
+    """
+
+    name = "prompt-lookup"
+    deterministic = True
+
+    def __init__(self, *, ngram_min: int, ngram_max: int) -> None:
+        self.sizes = tuple(range(ngram_max, ngram_min - 1, -1))
+        self._index: dict[tuple[int, ...], int] = {}
+        self._tokens: list[int] = []
+        self._indexed = 1
+        self.hits = 0
+        self.misses = 0
+
+    def start(self, host: Host) -> None:
+        del host
+        self._index = {}
+        self._tokens = []
+        self._indexed = 1
+        self.hits = self.misses = 0
+
+    def _extend(self, context: np.ndarray) -> None:
+        """Append the context's new tokens (it only ever grows) and index the n-grams that end before its last
+        position: the suffix must not find itself."""
+        tokens = self._tokens
+        tokens.extend(context[len(tokens) :].tolist())
+        for end in range(self._indexed, len(tokens)):
+            for size in self.sizes:
+                if size <= end:
+                    self._index[tuple(tokens[end - size : end])] = end
+        self._indexed = max(self._indexed, len(tokens))
+
+    def propose(self, host: Host, context: np.ndarray, k: int) -> tuple[list[int], np.ndarray | None]:
+        del host
+        self._extend(context)
+        tokens = self._tokens
+        length = len(tokens)
+        for size in self.sizes:
+            if size > length:
+                continue
+            end = self._index.get(tuple(tokens[length - size :]))
+            if end is not None:
+                self.hits += 1
+                return tokens[end : end + k], None
+        self.misses += 1
+        return [], None
+
+    def stats(self) -> dict[str, Any]:
+        return {"lookup_hits": self.hits, "lookup_misses": self.misses}

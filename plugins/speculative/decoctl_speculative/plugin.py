@@ -1,0 +1,20 @@
+"""The plugin module the `decoctl` entry point names: registers the `speculative` controller."""
+
+from __future__ import annotations
+
+from decoctl import ControllerSpec, hookimpl
+from decoctl_speculative.controller import OPTIONS, Speculative, roles_for
+
+
+@hookimpl
+def decoctl_controllers() -> list[ControllerSpec]:
+    return [
+        ControllerSpec(
+            name="speculative",
+            summary="draft k tokens (draft model or prompt lookup), verify in one target forward; lossless",
+            factory=Speculative,
+            roles=("target", "draft"),
+            roles_for=roles_for,
+            options=OPTIONS,
+        )
+    ]

@@ -1,0 +1,118 @@
+"""Greedy speculative decoding is token-for-token greedy decoding.
+
+A K-token verify pass and single steps differ by ~1e-6 in the logits, so a near-tie may flip: the comparison
+allows a different choice only where the baseline's top-2 logit gap is below 1e-4, and counts such places.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from decoctl import Generator
+from decoctl.host import Sequence
+from decoctl.model import load_model
+from decoctl.plugins import PluginRegistry
+from decoctl.testing import top2_gap
+
+TIE_GAP = 1e-4
+PROMPTS = [
+    "def fib(n):",
+    "import os\nimport sys\n",
+    "x = [i * i for i in range(10)]\nx = [i * i for i in range(10)]\nx = [",
+    "class Stack:\n    def push(self, item):\n        self.items.append(item)\n    def pop(self):",
+    "é天😀 (x) é天😀 (x) é天",
+]
+
+
+def first_divergence_is_a_tie(
+    folder: Path, prompt_ids: list[int], expected: tuple[int, ...], got: tuple[int, ...]
+) -> bool:
+    """True when the sequences agree, or first differ where the baseline's row is a near-tie."""
+    if expected == got:
+        return True
+    at = next(i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b)
+    sequence = Sequence("target", load_model(folder, threads=1))
+    row = sequence.prefill([*prompt_ids, *expected[:at]])[0]
+    return bool(top2_gap(row) < TIE_GAP)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_draft_model_greedy_is_greedy(
+    target: Path, draft: Path, registry: PluginRegistry, k: int, adaptive: bool
+) -> None:
+    baseline = Generator({"target": target}, "greedy", registry=registry)
+    options = {"k": k, "adaptive": adaptive}
+    speculative = Generator({"target": target, "draft": draft}, "speculative", options=options, registry=registry)
+    ties = 0
+    for prompt in PROMPTS:
+        expected = baseline.generate(prompt, max_new_tokens=40).tokens
+        got = speculative.generate(prompt, max_new_tokens=40).tokens
+        assert first_divergence_is_a_tie(target, baseline.tokenizer.encode(prompt), expected, got), prompt
+        ties += expected != got
+    assert ties <= 1
+
+
+@pytest.mark.parametrize("k", [2, 5, 12])
+def test_prompt_lookup_greedy_is_greedy(target: Path, registry: PluginRegistry, k: int) -> None:
+    baseline = Generator({"target": target}, "greedy", registry=registry)
+    speculative = Generator(
+        {"target": target}, "speculative", options={"drafter": "prompt-lookup", "k": k}, registry=registry
+    )
+    for prompt in PROMPTS:
+        expected = baseline.generate(prompt, max_new_tokens=48).tokens
+        got = speculative.generate(prompt, max_new_tokens=48).tokens
+        assert first_divergence_is_a_tie(target, baseline.tokenizer.encode(prompt), expected, got), prompt
+
+
+def test_greedy_is_greedy_on_an_optimum_model(optimum_target: Path, registry: PluginRegistry) -> None:
+    baseline = Generator({"target": optimum_target}, "greedy", registry=registry)
+    speculative = Generator(
+        {"target": optimum_target, "draft": optimum_target}, "speculative", options={"k": 4}, registry=registry
+    )
+    assert (
+        speculative.generate(PROMPTS[0], max_new_tokens=30).tokens
+        == baseline.generate(PROMPTS[0], max_new_tokens=30).tokens
+    )
+
+
+def test_the_target_as_its_own_draft_accepts_everything(target: Path, registry: PluginRegistry) -> None:
+    speculative = Generator(
+        {"target": target, "draft": target}, "speculative", options={"k": 4, "adaptive": False}, registry=registry
+    )
+    result = speculative.generate(PROMPTS[1], max_new_tokens=40)
+    assert result.stats.controller["acceptance_rate"] == 1.0
+    assert result.stats.forwards["target"] == 8  # 40 tokens in steps of 5: 4 accepted drafts + 1
+    assert result.stats.tokens_per_target_forward == 5.0
+
+
+def test_prompt_lookup_needs_fewer_target_forwards_on_a_repetitive_prompt(
+    target: Path, registry: PluginRegistry
+) -> None:
+    baseline = Generator({"target": target}, "greedy", registry=registry)
+    # the model's own greedy continuation, pasted back, makes a prompt whose continuation repeats itself
+    seed = baseline.generate("def fib(n):", max_new_tokens=60)
+    prompt = "def fib(n):" + seed.text + "\n\ndef fib(n):"
+    expected = baseline.generate(prompt, max_new_tokens=60)
+    lookup = Generator(
+        {"target": target}, "speculative", options={"drafter": "prompt-lookup", "k": 8}, registry=registry
+    )
+    got = lookup.generate(prompt, max_new_tokens=60)
+    assert got.tokens == expected.tokens
+    assert got.stats.forwards["target"] < 0.75 * expected.stats.forwards["target"]
+    assert got.stats.trace["drafter"] == "prompt-lookup"
+
+
+def test_stats_count_drafted_and_accepted_tokens(target: Path, draft: Path, registry: PluginRegistry) -> None:
+    result = Generator({"target": target, "draft": draft}, "speculative", registry=registry).generate(
+        PROMPTS[0], max_new_tokens=20
+    )
+    stats = result.stats.controller
+    assert stats["drafted"] >= stats["accepted"] >= 0
+    assert stats["steps"] == result.stats.forwards["target"]
+    assert result.stats.forwards["draft"] > 0
+    assert result.stats.trace["acceptance"] == "greedy-exact-match"
+    assert np.isclose(stats["acceptance_rate"], stats["accepted"] / stats["drafted"])
