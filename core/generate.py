@@ -226,7 +226,8 @@ class Generator:
         ids = np.asarray(target_model.tokenizer.encode(prompt), np.int64)
         if ids.size == 0:
             raise ConfigError("the prompt is empty and the model adds no BOS token: give some prompt text")
-        sequences = {role: self._sequence(role, len(ids) + max_new_tokens) for role in self.roles}
+        needed = len(ids) + max_new_tokens + self.spec.scratch(self.options)
+        sequences = {role: self._sequence(role, needed) for role in self.roles}
         target = sequences["target"]
         capacity = target.max_length - len(ids)
         if capacity < 1:

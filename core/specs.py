@@ -89,9 +89,15 @@ class ControllerSpec:
     symbol: str | None = None
     roles: tuple[str, ...] = ("target",)
     roles_for: Callable[[dict[str, Any]], tuple[str, ...]] | None = None
+    #: extra KV positions a forward may need beyond the committed tokens (drafts, a lookahead window)
+    scratch_for: Callable[[dict[str, Any]], int] | None = None
     capabilities: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     options: tuple[Option, ...] = ()
     plugin: str = ""
+
+    def scratch(self, options: dict[str, Any]) -> int:
+        """KV positions to allocate beyond prompt plus max_new_tokens for these (parsed) options."""
+        return 0 if self.scratch_for is None else int(self.scratch_for(options))
 
     def active_roles(self, options: dict[str, Any]) -> tuple[str, ...]:
         """The roles a generation with these (parsed) options uses."""

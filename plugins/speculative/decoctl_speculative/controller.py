@@ -86,6 +86,8 @@ class Speculative:
     def _reset_counters(self) -> None:
         self.steps = self.drafted = self.accepted = 0
         self.draft_seconds = self.verify_seconds = 0.0
+        #: tokens per verify forward -> how many steps fed that many (for the bench's ideal-speedup model)
+        self.verify_sizes: dict[int, int] = {}
 
     def start(self, host: Host) -> None:
         self._reset_counters()
@@ -125,6 +127,7 @@ class Speculative:
         self.verify_seconds += time.perf_counter() - verified
         self.draft_seconds += verified - began
         self.steps += 1
+        self.verify_sizes[len(drafts) + 1] = self.verify_sizes.get(len(drafts) + 1, 0) + 1
         self.drafted += len(drafts)
         self.accepted += accepted
         new = [*drafts[:accepted], following]
@@ -148,5 +151,6 @@ class Speculative:
             "k_final": self.k.value,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
+            "verify_sizes": dict(self.verify_sizes),
             **self.drafter.stats(),
         }

@@ -15,6 +15,7 @@ def decoctl_controllers() -> list[ControllerSpec]:
             factory=Speculative,
             roles=("target", "draft"),
             roles_for=roles_for,
+            scratch_for=lambda options: max(options["k"], options["k_max"]) + 1,
             options=OPTIONS,
         )
     ]

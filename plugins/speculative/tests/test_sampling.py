@@ -16,33 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 from decoctl_speculative import acceptance
-from scipy.stats import chisquare
 
 from decoctl import Generator, ProcessorSpec, hookimpl
-from decoctl.host import Sequence
-from decoctl.model import load_model
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import EOS_TOKEN_ID
+from decoctl.testing.distributions import chi_square_p, exact_two_token_marginals, sample_two_tokens
 
 ALPHA = 1e-3
-NO_SECOND = -1
 TEMPERATURE = 1.3
-
-
-def chi_square_p(observed: Counter[Any], expected: dict[Any, float], total: int) -> float:
-    """p-value of observed counts against expected probabilities; cells expecting < 5 are pooled."""
-    keys = sorted(expected, key=lambda key: -expected[key])
-    big = [key for key in keys if expected[key] * total >= 5]
-    small = [key for key in keys if expected[key] * total < 5]
-    obs = [observed.get(key, 0) for key in big]
-    exp = [expected[key] * total for key in big]
-    rest_obs = total - sum(obs)
-    rest_exp = total - sum(exp)
-    if small or rest_obs:
-        obs.append(rest_obs)
-        exp.append(max(rest_exp, 1e-9))
-    exp_arr = np.asarray(exp) * (sum(obs) / sum(exp))
-    return float(chisquare(obs, exp_arr).pvalue)
 
 
 def random_distributions(rng: np.random.Generator, rows: int, vocab: int) -> np.ndarray:
@@ -105,48 +86,15 @@ class PenaliseSeen:
         del prompt
 
 
+def penalise_seen(row: np.ndarray, prefix: list[int]) -> np.ndarray:
+    row[np.unique(prefix)] -= 1.5
+    return row
+
+
 class ProcessorPlugin:
     @hookimpl
     def decoctl_logits_processors(self) -> list[ProcessorSpec]:
         return [ProcessorSpec(name="penalise-seen", summary="test processor", factory=PenaliseSeen)]
-
-
-def exact_two_token_marginals(
-    folder: Path, prompt_ids: list[int], processed: bool, temperature: float = TEMPERATURE
-) -> tuple[np.ndarray, np.ndarray]:
-    """p(t1) and p(t2) = sum_t1 p(t1) p(t2 | t1) of plain sampling, from the target itself."""
-
-    def softmax(row: np.ndarray) -> np.ndarray:
-        return acceptance.probabilities(row[None, :], temperature)[0]
-
-    sequence = Sequence("target", load_model(folder, threads=1))
-
-    def process(row: np.ndarray, prefix: list[int]) -> np.ndarray:
-        row = row.astype(np.float32).copy()
-        if processed:
-            row[np.unique(prefix)] -= 1.5
-        return row
-
-    first = softmax(process(sequence.prefill(prompt_ids)[0], prompt_ids))
-    second = np.zeros(len(first) + 1)  # the last cell: no second token, the first was EOS
-    second[-1] = first[EOS_TOKEN_ID]
-    for token in np.flatnonzero(first > 1e-7):
-        if token == EOS_TOKEN_ID:
-            continue
-        sequence.rewind(len(prompt_ids))
-        row = sequence.forward([int(token)])[0]
-        second[:-1] += first[token] * softmax(process(row, [*prompt_ids, int(token)]))
-    return first, second
-
-
-def sample_two_tokens(generator: Generator, prompt: str, trials: int) -> tuple[Counter[int], Counter[int]]:
-    first: Counter[int] = Counter()
-    second: Counter[int] = Counter()
-    for seed in range(trials):
-        tokens = generator.generate(prompt, max_new_tokens=2, seed=seed).tokens
-        first[tokens[0]] += 1
-        second[tokens[1] if len(tokens) > 1 else NO_SECOND] += 1
-    return first, second
 
 
 CASES = {
@@ -173,17 +121,18 @@ def test_speculative_sampling_matches_plain_sampling_on_the_first_two_tokens(
     )
     trials = 2500
     first, second = sample_two_tokens(generator, prompt, trials)
-    stats = generator.last.stats.controller
-    assert stats["drafted"] > 0
-    p1, p2 = exact_two_token_marginals(target, generator.tokenizer.encode(prompt), processed)
-    assert chi_square_p(first, dict(enumerate(p1)), trials) > ALPHA
-    assert chi_square_p(second, cells(p2), trials) > ALPHA
+    assert generator.last.stats.controller["drafted"] > 0
+    ids = generator.tokenizer.encode(prompt)
+
+    def exact(temperature: float) -> tuple[dict[int, float], dict[int, float]]:
+        process = penalise_seen if processed else None
+        return exact_two_token_marginals(
+            target, ids, temperature=temperature, eos_token_ids=(EOS_TOKEN_ID,), process=process
+        )
+
+    p1, p2 = exact(TEMPERATURE)
+    assert chi_square_p(first, p1, trials) > ALPHA
+    assert chi_square_p(second, p2, trials) > ALPHA
     # power: the same samples must refute a plausible bug, verification ignoring the temperature
-    wrong1, wrong2 = exact_two_token_marginals(target, generator.tokenizer.encode(prompt), processed, 1.0)
-    worst = min(chi_square_p(first, dict(enumerate(wrong1)), trials), chi_square_p(second, cells(wrong2), trials))
-    assert worst < ALPHA
-
-
-def cells(second: np.ndarray) -> dict[int, float]:
-    """Second-token probabilities keyed by token, with NO_SECOND for "the first token was EOS"."""
-    return {**dict(enumerate(second[:-1])), NO_SECOND: float(second[-1])}
+    wrong1, wrong2 = exact(1.0)
+    assert min(chi_square_p(first, wrong1, trials), chi_square_p(second, wrong2, trials)) < ALPHA
