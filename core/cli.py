@@ -169,6 +169,14 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
         print(f"  max_length {spec.max_length}, context {spec.context_length}, eos {list(spec.eos_token_ids)}")
         print(f"  capabilities: {', '.join(model.capabilities.names()) or 'none'}")
         return 0
+    if args.models_command == "enable-tree":
+        from decoctl.model.transform import enable_tree
+        from decoctl.resolve import resolve_model
+
+        _, source = resolve_model(args.src, registry)
+        target = enable_tree(source, args.dst)
+        print(f"wrote {target}: GroupQueryAttention now takes position_ids and attention_bias (forward(tree=...))")
+        return 0
     for name, bundle in sorted(registry.models().items()):
         dist = registry.distribution_of(bundle.plugin) or bundle.plugin
         print(f"{name:<20} {dist:<22} {bundle.path}  {bundle.summary}")
@@ -187,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     model_commands = models.add_subparsers(dest="models_command")
     info = model_commands.add_parser("info", help="a model's layout and capabilities")
     info.add_argument("model", help="registered name or folder")
+    tree = model_commands.add_parser(
+        "enable-tree", help="copy an onnxruntime-genai model with the inputs tree verification needs"
+    )
+    tree.add_argument("src", help="registered name or genai-layout folder")
+    tree.add_argument("dst", help="the new folder to write")
     add_bench_parser(commands)
     return parser
 

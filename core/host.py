@@ -22,6 +22,7 @@ import numpy as np
 from decoctl.errors import CapabilityError, ConfigError, SequenceError
 from decoctl.model.loader import LoadedModel
 from decoctl.model.runner import Runner
+from decoctl.model.tree import Tree
 from decoctl.output import Output
 from decoctl.processing import ProcessContext, ProcessorChain
 
@@ -93,6 +94,8 @@ class Sequence:
         self._hidden: np.ndarray | None = None
         self._aux: np.ndarray | None = None
         self._epoch = 0
+        #: the last forward, for keep(): (start length, tokens fed, their tree or None for a chain)
+        self._fed: tuple[int, int, Tree | None] | None = None
         self._debug = debug_default() if debug is None else debug
         self.stats = SequenceStats()
 
@@ -123,11 +126,18 @@ class Sequence:
         return self.model.capabilities.names()
 
     # -- primitives -------------------------------------------------------------------------------------
-    def forward(self, tokens: Seq[int] | np.ndarray, tree: Seq[int] | None = None) -> np.ndarray:
+    def forward(self, tokens: Seq[int] | np.ndarray, tree: Seq[int] | np.ndarray | None = None) -> np.ndarray:
         """Feed tokens after the current length; return float32[n, vocab], row i predicting the token after
-        tokens[i]. ``tree`` (a parent index per token, -1 for the root) verifies a token tree in one pass."""
-        if tree is not None:
-            return self._forward_tree(tokens, tree)
+        tokens[i].
+
+        ``tree`` (int[n], a parent index per token) verifies a token tree in one pass: ``tree[i]`` is -1 for a
+        root (a token that follows the cached tokens directly; several roots are alternatives) or the index of
+        an earlier token (``tree[i] < i``). Row i then equals a plain forward of the cached tokens plus the
+        root-to-i path. Afterwards the sequence holds all n tokens (``length`` grows by n) but only one
+        root-to-node path is a valid continuation: call ``keep(path)`` (or ``rewind``) before feeding more.
+        Needs the model's position_ids and attention_bias inputs (CapabilityError otherwise) and at least one
+        cached token (SequenceError at length 0: prefill first).
+        """
         ids = self._checked_tokens(tokens)
         if len(ids) > 1 and not self.model.capabilities.logits_all_positions:
             raise CapabilityError(
@@ -135,7 +145,11 @@ class Sequence:
                 f"forward() over {len(ids)} tokens cannot return a row per token: re-export the model with "
                 "logits for all positions, or feed one token at a time"
             )
-        return self._run(ids)
+        if tree is not None:
+            return self._forward_tree(ids, tree)
+        rows = self._run(ids)
+        self._fed = (self.length - len(ids), len(ids), None)
+        return rows
 
     def prefill(self, tokens: Seq[int] | np.ndarray, chunk: int | None = None) -> np.ndarray:
         """Feed a prompt, ``chunk`` tokens per run (None: one run); return float32[1, vocab], the last row.
@@ -185,15 +199,41 @@ class Sequence:
         self._runner.truncate(length)
         self._invalidate()
 
-    def keep(self, indices: Seq[int]) -> None:
-        """After a tree forward, keep the nodes at ``indices`` (a root-to-leaf path) and drop the rest."""
-        raise CapabilityError(
-            f"keep() on role {self.role!r}: tree verification is not implemented in this host yet "
-            "(see the tree-verification issue)"
-        )
+    def keep(self, indices: Seq[int] | np.ndarray) -> None:
+        """Keep the tokens at ``indices`` of the last forward and drop the rest of what it fed.
+
+        ``indices`` index the tokens of the last forward on this role (a tree forward, or a plain one, which is
+        the chain tree ``[-1, 0, 1, ...]``), with no prefill, rewind or keep since. They must be a root-to-node
+        path of that tree: increasing, the first a root (parent -1), each next one the child of the one before.
+        After a plain forward that means ``0..k-1``, the same as ``rewind(start + k)``; an empty list keeps
+        nothing. The kept tokens' KV rows move to ``start..start+k-1`` (k rows per layer are copied, none when
+        they are already in place), ``tokens`` and ``length`` (``start + k``) follow, and views of the last
+        forward's outputs become invalid: read the rows you need first. Raises SequenceError otherwise.
+        """
+        if self._fed is None:
+            raise SequenceError(
+                f"keep() on role {self.role!r} has no forward to keep from: call it right after forward(), "
+                "before any prefill, rewind or other keep"
+            )
+        start, n, tree = self._fed
+        if tree is None:
+            tree = Tree(parents=np.arange(-1, n - 1), depths=np.arange(n))
+        path = tree.path(indices)
+        kept = len(path)
+        if np.array_equal(path, np.arange(kept)):
+            self._runner.truncate(start + kept)
+        else:
+            self._runner.gather(start + path, start)
+            self._tokens[start : start + kept] = self._tokens[start + path]
+        self._invalidate()
 
     # -- internals --------------------------------------------------------------------------------------
     def _checked_tokens(self, tokens: Seq[int] | np.ndarray) -> np.ndarray:
+        if self._fed is not None and self._fed[2] is not None:
+            raise SequenceError(
+                f"role {self.role!r} still holds every token of its last tree forward: call keep(path) with the "
+                "accepted root-to-node path (or rewind) before feeding more"
+            )
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if ids.size == 0:
             raise SequenceError(f"forward() on role {self.role!r} got no tokens: pass at least one")
@@ -210,10 +250,10 @@ class Sequence:
             )
         return ids
 
-    def _run(self, ids: np.ndarray) -> np.ndarray:
+    def _run(self, ids: np.ndarray, positions: np.ndarray | None = None, bias: np.ndarray | None = None) -> np.ndarray:
         start = self.length
         begin = time.perf_counter()
-        outputs = self._runner.run(ids)
+        outputs = self._runner.run(ids, positions, bias)
         self.stats.seconds += time.perf_counter() - begin
         self.stats.forwards += 1
         self.stats.tokens_fed += len(ids)
@@ -222,19 +262,29 @@ class Sequence:
         self._invalidate(keep_outputs=True)
         return self._guard(outputs.logits)
 
-    def _forward_tree(self, tokens: Seq[int] | np.ndarray, tree: Seq[int]) -> np.ndarray:
+    def _forward_tree(self, ids: np.ndarray, tree: Seq[int] | np.ndarray) -> np.ndarray:
         if not self.model.capabilities.tree:
             raise CapabilityError(
                 f"forward(tree=...) on role {self.role!r}: model {self.model.name} has no position_ids and "
                 f"attention_bias inputs; {TREE_TRANSFORM_HINT}"
             )
-        raise CapabilityError(
-            f"forward(tree=...) on role {self.role!r}: tree verification is not implemented in this host yet "
-            "(see the tree-verification issue)"
-        )
+        start = self.length
+        if start == 0:
+            # GroupQueryAttention takes a pass with no past as a first prompt and reads only its first
+            # position id, so tree positions would be ignored there.
+            raise SequenceError(
+                f"forward(tree=...) on role {self.role!r} at length 0: a tree must follow at least one cached "
+                "token; prefill the prompt (or forward its tokens) first"
+            )
+        parsed = Tree.from_parents(tree, len(ids))
+        rows = self._run(ids, parsed.positions(start), parsed.bias())
+        self.stats.tree_forwards += 1
+        self._fed = (start, len(ids), None if parsed.is_chain else parsed)
+        return rows
 
     def _invalidate(self, *, keep_outputs: bool = False) -> None:
         self._epoch += 1
+        self._fed = None
         if not keep_outputs:
             self._logits = self._hidden = self._aux = None
 

@@ -44,8 +44,9 @@ class Runner:
     """Runs one model for one sequence: owns its KV cache, its IOBinding and its output buffers.
 
     ``run(tokens, positions, bias)`` feeds tokens after the cache's current length. ``positions`` (int64[n])
-    and ``bias`` (float32[n, length+n], additive) are only used by graphs that take position_ids /
-    attention_bias; plain chains pass None and get consecutive positions and a causal mask.
+    and ``bias`` (additive: float32[n, length+n], or float32[n, n] over the new tokens with the cached prefix
+    visible to all) are only used by graphs that take position_ids / attention_bias; plain chains pass None
+    and get consecutive positions and a causal mask.
     """
 
     def __init__(self, model: LoadedModel, max_length: int | None = None) -> None:
@@ -120,10 +121,13 @@ class Runner:
         if self._bias.size < size:
             self._bias = np.zeros(max(size, 2 * self._bias.size), np.float32)
         view = self._bias[:size].reshape(n, total)
+        past = total - n
         if bias is None:
             view[:] = 0.0
-            past = total - n
             view[:, past:][np.triu_indices(n, 1)] = -np.inf
+        elif bias.shape[1] == n:
+            view[:, :past] = 0.0
+            view[:, past:] = bias
         else:
             view[:] = bias
         return view

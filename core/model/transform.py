@@ -1,0 +1,222 @@
+"""Model-folder rewrites: ``enable_tree`` gives an onnxruntime-genai builder model the inputs tree verification needs.
+
+The builder wires nothing into GroupQueryAttention's optional ``position_ids`` (input 9) and ``attention_bias``
+(input 10) when rotary embeddings run inside the op (its default on CPU and CUDA), so the graph can only run
+plain chains. ``enable_tree`` adds both as graph inputs, wires them into every GroupQueryAttention node, and
+records ``position_ids`` in genai_config.json. Weights are not touched: the graph is read without its external
+data and the data files are copied byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from decoctl.errors import ConfigError, ModelLoadError
+
+__all__ = ["ATTENTION_BIAS", "POSITION_IDS", "enable_tree"]
+
+log = structlog.get_logger(__name__)
+
+POSITION_IDS = "position_ids"
+ATTENTION_BIAS = "attention_bias"
+GENAI_CONFIG = "genai_config.json"
+
+_MS_DOMAIN = "com.microsoft"
+_GQA = "GroupQueryAttention"
+# GroupQueryAttention's input slots in onnxruntime's contrib operator schema (since version 1).
+_GQA_PAST_KEY = 3
+_GQA_COS_CACHE = 7
+_GQA_POSITION_IDS = 9
+_GQA_ATTENTION_BIAS = 10
+
+
+def enable_tree(src: str | Path, dst: str | Path) -> Path:
+    """Write a copy of the genai-layout model folder ``src`` to ``dst`` that accepts token trees.
+
+    The copy's graph takes two more inputs, fed to every com.microsoft GroupQueryAttention node:
+    ``position_ids`` int64[batch_size, sequence_length] (GroupQueryAttention's rotary positions; it reads only
+    the first id of a pass with no past) and ``attention_bias`` float32[batch_size, 1, sequence_length,
+    total_sequence_length], added to the attention scores (0 = may attend, -inf = may not; cast to the
+    model's compute type when that is not float32). genai_config.json gains ``inputs.position_ids``; every
+    other file (tokenizer, external data) is copied unchanged. onnxruntime-genai itself does not feed
+    ``attention_bias``, so the copy is for decoctl (and other hosts that feed it).
+
+    :param src: a folder written by onnxruntime-genai's model builder (genai_config.json + its ONNX file).
+    :param dst: a new folder (or an empty one); it must not be ``src``.
+    :returns: ``dst``.
+    :raises ConfigError: onnx is not installed, or ``dst`` is not a new or empty folder.
+    :raises ModelLoadError: ``src`` is not a genai-layout folder, or its graph has no GroupQueryAttention node
+        to wire (or wires those slots to something else already).
+    """
+    try:
+        import onnx
+    except ImportError as exc:
+        raise ConfigError("enable-tree rewrites ONNX graphs with the onnx package: pip install onnx") from exc
+
+    source, target = Path(src).expanduser().resolve(), Path(dst).expanduser().resolve()
+    config_path = source / GENAI_CONFIG
+    if not config_path.is_file():
+        raise ModelLoadError(
+            f"{source} has no {GENAI_CONFIG}: enable-tree rewrites models exported by onnxruntime-genai's builder"
+        )
+    if target == source or source in target.parents:
+        raise ConfigError(f"enable-tree writes a new folder: {target} must lie outside the source {source}")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise ConfigError(f"{target} already exists and is not empty: give a new folder (enable-tree never overwrites)")
+
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    try:
+        decoder = config["model"]["decoder"]
+        filename = str(decoder.get("filename", "model.onnx"))
+        inputs = decoder.setdefault("inputs", {})
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ModelLoadError(f"{config_path} lacks model.decoder ({exc!r}): re-export the model") from exc
+    position_ids = str(inputs.get(POSITION_IDS, POSITION_IDS))
+    sized_by = (str(inputs.get("input_ids", "input_ids")), str(inputs.get("attention_mask", "attention_mask")))
+    onnx_path = source / filename
+    try:
+        model = onnx.load_model(str(onnx_path), load_external_data=False)
+    except Exception as exc:  # OSError, or protobuf's DecodeError for a file that is not ONNX
+        raise ModelLoadError(f"onnx could not read {onnx_path} ({type(exc).__name__}: {exc})") from exc
+
+    wired = _wire_tree_inputs(onnx, model.graph, position_ids, sized_by, onnx_path)
+    inputs[POSITION_IDS] = position_ids
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        for entry in source.iterdir():
+            if entry.name in (filename, GENAI_CONFIG):
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, staging / entry.name)
+            else:
+                shutil.copy2(entry, staging / entry.name)
+        # Tensors stay external and unloaded, so save_model writes the graph only; the data files were copied.
+        onnx.save_model(model, str(staging / filename))
+        (staging / GENAI_CONFIG).write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
+        if target.exists():
+            target.rmdir()
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.info("decoctl.tree_enabled", source=str(source), target=str(target), attention_nodes=wired)
+    return target
+
+
+def _wire_tree_inputs(onnx: Any, graph: Any, position_ids: str, sized_by: tuple[str, str], onnx_path: Path) -> int:
+    """Add the two graph inputs and wire them into every GroupQueryAttention node; return how many nodes.
+
+    ``sized_by``: the input_ids and attention_mask input names, whose dimensions name the new inputs'.
+    """
+    nodes = [n for n in graph.node if n.op_type == _GQA and n.domain == _MS_DOMAIN]
+    if not nodes:
+        raise ModelLoadError(
+            f"{onnx_path} has no com.microsoft GroupQueryAttention node: enable-tree supports models exported "
+            "by onnxruntime-genai's builder with GroupQueryAttention (the CPU and CUDA default)"
+        )
+    graph_inputs = {value.name: value for value in graph.input}
+    produced = {name for node in graph.node for name in node.output} | {t.name for t in graph.initializer}
+    for name in (position_ids, ATTENTION_BIAS):
+        if name in produced:
+            raise ModelLoadError(f"{onnx_path} already computes a value named {name!r}; cannot add it as an input")
+    had_positions = position_ids in graph_inputs
+    rotary_outside = any(_int_attribute(n, "do_rotary") == 0 for n in nodes)
+    if rotary_outside and not had_positions and any(n.op_type == "RotaryEmbedding" for n in graph.node):
+        raise ModelLoadError(
+            f"{onnx_path} applies rotary embeddings outside GroupQueryAttention with positions computed inside "
+            "the graph: enable-tree needs rotary inside the op (the builder's CPU/CUDA default) or a position_ids "
+            "input"
+        )
+
+    compute_type = _compute_type(onnx, graph, nodes[0])
+    bias = ATTENTION_BIAS
+    new_nodes = []
+    if compute_type != onnx.TensorProto.FLOAT:
+        bias = f"/model/{ATTENTION_BIAS}/Cast/output_0"
+        cast = onnx.helper.make_node("Cast", [ATTENTION_BIAS], [bias], name=f"/model/{ATTENTION_BIAS}/Cast")
+        cast.attribute.append(onnx.helper.make_attribute("to", compute_type))
+        new_nodes.append(cast)
+    for node in nodes:
+        slots = list(node.input) + [""] * max(0, _GQA_ATTENTION_BIAS + 1 - len(node.input))
+        for slot, name in ((_GQA_POSITION_IDS, position_ids), (_GQA_ATTENTION_BIAS, bias)):
+            if slots[slot] not in ("", name):
+                raise ModelLoadError(
+                    f"{onnx_path}: node {node.name!r} already feeds input {slot} of GroupQueryAttention from "
+                    f"{slots[slot]!r}; enable-tree only fills empty slots"
+                )
+            slots[slot] = name
+        del node.input[:]
+        node.input.extend(slots)
+    for index, extra in enumerate(new_nodes):
+        graph.node.insert(index, extra)
+
+    batch, sequence, total = _dims(graph_inputs, sized_by, onnx_path)
+    additions = []
+    if had_positions:
+        _check_input(graph_inputs[position_ids], onnx.TensorProto.INT64, 2, onnx_path)
+    else:
+        additions.append(onnx.helper.make_tensor_value_info(position_ids, onnx.TensorProto.INT64, [batch, sequence]))
+    if ATTENTION_BIAS in graph_inputs:
+        _check_input(graph_inputs[ATTENTION_BIAS], onnx.TensorProto.FLOAT, 4, onnx_path)
+    else:
+        shape = [batch, 1, sequence, total]
+        additions.append(onnx.helper.make_tensor_value_info(ATTENTION_BIAS, onnx.TensorProto.FLOAT, shape))
+    names = [value.name for value in graph.input]
+    at = names.index(sized_by[1]) + 1
+    for offset, value in enumerate(additions):
+        graph.input.insert(at + offset, value)
+    return len(nodes)
+
+
+def _int_attribute(node: Any, name: str) -> int | None:
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return int(attribute.i)
+    return None
+
+
+def _compute_type(onnx: Any, graph: Any, node: Any) -> int:
+    """GroupQueryAttention's T (query and attention_bias type): the cos cache's type, else the past KV's when
+    it is a float type, else float32."""
+    types = {t.name: t.data_type for t in graph.initializer}
+    for value in [*graph.input, *graph.value_info]:
+        types[value.name] = value.type.tensor_type.elem_type
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    for slot in (_GQA_COS_CACHE, _GQA_PAST_KEY):
+        if len(node.input) > slot and types.get(node.input[slot]) in floats:
+            return int(types[node.input[slot]])
+    return int(onnx.TensorProto.FLOAT)
+
+
+def _dims(graph_inputs: dict[str, Any], sized_by: tuple[str, str], onnx_path: Path) -> tuple[Any, Any, Any]:
+    """(batch, sequence, total) dimensions, named as the input_ids and attention_mask inputs name them."""
+    missing = [name for name in sized_by if name not in graph_inputs]
+    if missing:
+        raise ModelLoadError(f"{onnx_path} has no {missing} input: it is not an onnxruntime-genai decoder")
+    ids = graph_inputs[sized_by[0]].type.tensor_type.shape.dim
+    mask = graph_inputs[sized_by[1]].type.tensor_type.shape.dim
+    if len(ids) != 2 or len(mask) != 2:
+        raise ModelLoadError(f"{onnx_path}: {list(sized_by)} must be [batch, length] inputs")
+
+    def named(dim: Any, default: str) -> Any:
+        return dim.dim_param or (dim.dim_value if dim.HasField("dim_value") else default)
+
+    return named(ids[0], "batch_size"), named(ids[1], "sequence_length"), named(mask[1], "total_sequence_length")
+
+
+def _check_input(value: Any, elem_type: int, rank: int, onnx_path: Path) -> None:
+    tensor = value.type.tensor_type
+    if tensor.elem_type != elem_type or len(tensor.shape.dim) != rank:
+        raise ModelLoadError(
+            f"{onnx_path} already has an input {value.name!r} of another type or rank than tree verification "
+            "needs; re-export the model without it"
+        )
