@@ -1,5 +1,5 @@
-"""Only what pyproject.toml cannot say (the C ABI issue adds the cffi bridge's cffi_modules here)."""
+"""Only what pyproject.toml cannot say: the compiled C ABI bridge (decoctl._abi, built by cffi from abi/)."""
 
 from setuptools import setup
 
-setup()
+setup(cffi_modules=["abi/build_bridge.py:ffibuilder"])

@@ -1,0 +1,270 @@
+"""The bridge: what a C controller sees through the host table, how errors cross, and every refusal.
+
+The controllers come from tests/abi/c/misbehave.c; none of these failures may crash the process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from structlog.testing import capture_logs
+
+from decoctl import (
+    AbiError,
+    CapabilityError,
+    ConfigError,
+    ControllerError,
+    ControllerSpec,
+    GenerationError,
+    GenerationResult,
+    Generator,
+    PluginError,
+    SequenceError,
+)
+from decoctl.abi import ffi, library_controller_spec, library_factory, load_library
+from decoctl.host import Host, Sequence
+from decoctl.model import load_model
+from decoctl.output import Output, StopRules
+from decoctl.plugins import PluginRegistry
+
+Build = Callable[..., Path]
+PROMPT = "def fib(n):"
+
+
+def generate(model: Path, reference: str, registry: PluginRegistry, n: int = 8, **options: Any) -> GenerationResult:
+    return Generator({"target": model}, reference, registry=registry, threads=1, **options).generate(
+        PROMPT, max_new_tokens=n
+    )
+
+
+def failure(model: Path, reference: str, registry: PluginRegistry, **options: Any) -> GenerationError:
+    with pytest.raises(GenerationError) as caught:
+        generate(model, reference, registry, **options)
+    return caught.value
+
+
+def make_host(model_dir: Path, n: int) -> Host:
+    """A host with the prompt prefilled, as the generator hands it to start()."""
+    model = load_model(model_dir, threads=1)
+    sequence = Sequence("target", model)
+    prompt = np.asarray(model.tokenizer.encode(PROMPT), np.int64)
+    sequence.prefill(prompt)
+    rules = StopRules(eos_token_ids=model.spec.eos_token_ids, max_new_tokens=n, capacity=sequence.max_length)
+    return Host({"target": sequence}, Output(rules, model.tokenizer.detokenizer(), None), prompt=prompt)
+
+
+# -- what C sees -------------------------------------------------------------------------------------------------
+
+
+def test_a_probe_reads_every_query_primitive(genai_model: Path, misbehave: Path, registry: PluginRegistry) -> None:
+    result = generate(genai_model, f"{misbehave}:probe_all", registry, n=6)
+    assert result.tokens == generate(genai_model, "greedy", registry, n=6).tokens
+    prompt = Generator({"target": genai_model}, registry=registry).tokenizer.encode(PROMPT)
+    seen = result.stats.controller  # as the last step saw it, before its commit
+    assert seen["abi_major"] == 1
+    assert seen["host_struct_size"] == ffi.sizeof("decoctl_host")
+    assert seen["length"] == seen["n_tokens"] == len(prompt) + 5
+    assert (seen["first_token"], seen["last_token"]) == (prompt[0], result.tokens[4])
+    assert (seen["logits_n"], seen["vocab"], seen["hidden_width"]) == (1, 384, 64)
+    assert (seen["has_hidden"], seen["has_tree"]) == (1, 0)
+    assert (seen["max_length"], seen["remaining"], seen["done"]) == (len(prompt) + 6, 1, 0)
+    assert (seen["eos_1"], seen["eos_5"]) == (1, 0)
+    assert seen["uniform"] == list(np.random.default_rng(0).random(12)[10:])
+
+
+def test_logits_hidden_states_and_tokens_cross_zero_copy(genai_model: Path, misbehave: Path) -> None:
+    host = make_host(genai_model, 4)
+    target = host.target
+    controller = library_factory(library_controller_spec(misbehave, "probe_all"))({})
+    controller.start(host)
+    addresses = (target.logits().ctypes.data, target.hidden_states().ctypes.data, target.tokens.ctypes.data)
+    controller.step(host)
+    seen = controller.stats()
+    assert (seen["logits_ptr"], seen["hidden_ptr"], seen["tokens_ptr"]) == addresses
+
+
+def test_process_without_processors_hands_back_the_callers_rows(
+    genai_model: Path, misbehave: Path, registry: PluginRegistry
+) -> None:
+    assert generate(genai_model, f"{misbehave}:process_probe", registry, n=3).stats.controller == {"same_pointer": 1}
+
+
+def test_c_log_messages_reach_the_hosts_logger(genai_model: Path, misbehave: Path, registry: PluginRegistry) -> None:
+    with capture_logs() as logs:
+        generate(genai_model, f"{misbehave}:probe_all", registry, n=2)
+    messages = [e for e in logs if e["event"] == "decoctl.c_controller_log"]
+    assert messages[0] == {
+        "event": "decoctl.c_controller_log",
+        "controller": "probe_all",
+        "message": "hello from C",
+        "log_level": "warning",
+    }
+
+
+def test_options_reach_create_as_a_json_object(genai_model: Path, misbehave: Path, registry: PluginRegistry) -> None:
+    error = failure(genai_model, f"{misbehave}:echo_config", registry, options={"width": "7"})
+    assert isinstance(error.__cause__, AbiError)
+    assert 'config: {"width": 7}' in str(error.__cause__)
+
+
+def test_reset_reuses_the_instance_for_a_new_generation(genai_model: Path, c_examples: dict[str, Path]) -> None:
+    controller = library_factory(library_controller_spec(c_examples["prompt_lookup"], "prompt_lookup"))({"k": 4})
+    abandoned = make_host(genai_model, 16)
+    controller.start(abandoned)
+    controller.step(abandoned)
+    host = make_host(genai_model, 16)
+    controller.start(host)  # the library has reset: same instance, same role handles, new generation
+    while not host.done:
+        controller.step(host)
+    expected = Generator({"target": genai_model}, registry=PluginRegistry(autoload=False)).generate(
+        PROMPT, max_new_tokens=16
+    )
+    assert host.output_tokens == expected.tokens
+
+
+# -- errors crossing the boundary -------------------------------------------------------------------------------
+
+
+def test_an_error_status_raises_abi_error_with_last_error_and_keeps_the_text_so_far(
+    genai_model: Path, misbehave: Path, registry: PluginRegistry
+) -> None:
+    error = failure(genai_model, f"{misbehave}:fails", registry)
+    assert isinstance(error.__cause__, AbiError)
+    assert "step failed with status -1 (DECOCTL_ERR_FAILED): deliberate failure at step 4" in str(error.__cause__)
+    assert len(error.tokens) == 3
+    assert error.tokens == list(generate(genai_model, "greedy", registry, n=3).tokens)
+    assert error.text == generate(genai_model, "greedy", registry, n=3).text
+
+
+def test_a_python_exception_inside_a_host_function_comes_back_as_itself(
+    genai_model: Path, misbehave: Path, registry: PluginRegistry
+) -> None:
+    error = failure(genai_model, f"{misbehave}:overflow", registry)
+    cause = error.__cause__
+    assert isinstance(cause, SequenceError)
+    assert "would pass its max_length" in str(cause)
+    assert len(error.tokens) == 2
+    note = " ".join(cause.__notes__)
+    assert "'overflow'" in note and "returned -4" in note and "forward returned -4" in note
+
+
+def test_a_host_error_the_controller_ignores_is_raised_anyway(
+    genai_model: Path, misbehave: Path, registry: PluginRegistry
+) -> None:
+    error = failure(genai_model, f"{misbehave}:ignores_error", registry)
+    assert isinstance(error.__cause__, SequenceError)
+    assert "rewind(1073741824)" in str(error.__cause__)
+
+
+def test_a_tree_forward_on_a_model_without_tree_inputs_is_a_capability_error(
+    genai_model: Path, misbehave: Path, registry: PluginRegistry
+) -> None:
+    error = failure(genai_model, f"{misbehave}:tree", registry)
+    assert isinstance(error.__cause__, CapabilityError)
+    assert "forward_tree returned -3" in " ".join(error.__cause__.__notes__)
+
+
+def test_a_step_that_commits_nothing_is_stopped(genai_model: Path, misbehave: Path, registry: PluginRegistry) -> None:
+    error = failure(genai_model, f"{misbehave}:stalls", registry)
+    assert isinstance(error.__cause__, ControllerError)
+    assert error.tokens == []
+
+
+def test_a_commit_of_out_of_range_token_ids_is_refused_whole(
+    genai_model: Path, misbehave: Path, registry: PluginRegistry
+) -> None:
+    error = failure(genai_model, f"{misbehave}:bad_commit", registry)
+    assert isinstance(error.__cause__, SequenceError)
+    assert "outside [0, 384): [1099511627776]" in str(error.__cause__)
+    assert error.tokens == []
+
+
+@pytest.mark.parametrize(
+    ("controller", "message"),
+    [
+        ("small_rows", "decoctl_rows.struct_size is 4"),
+        ("unknown_role", "role 'draft' was not given to this generation"),
+    ],
+)
+def test_bad_arguments_to_host_functions_are_config_errors(
+    controller: str, message: str, genai_model: Path, misbehave: Path, registry: PluginRegistry
+) -> None:
+    error = failure(genai_model, f"{misbehave}:{controller}", registry)
+    assert isinstance(error.__cause__, ConfigError)
+    assert message in str(error.__cause__)
+    assert "returned -5" in " ".join(error.__cause__.__notes__)
+
+
+def test_a_failed_create_reports_last_error_of_a_null_state(
+    genai_model: Path, misbehave: Path, registry: PluginRegistry
+) -> None:
+    error = failure(genai_model, f"{misbehave}:create_fails", registry)
+    assert isinstance(error.__cause__, AbiError)
+    assert "create failed with status -1 (DECOCTL_ERR_FAILED): create_fails refuses" in str(error.__cause__)
+
+
+def test_host_functions_called_from_destroy_are_refused_and_logged(
+    genai_model: Path, misbehave: Path, registry: PluginRegistry
+) -> None:
+    with capture_logs() as logs:
+        result = generate(genai_model, f"{misbehave}:calls_host_in_destroy", registry, n=3)
+    assert len(result.tokens) == 3
+    refused = [e for e in logs if e["event"] == "decoctl.abi_callback_outside_call"]
+    assert "outside create/step/reset" in refused[0]["error"]
+
+
+# -- refusals at load ---------------------------------------------------------------------------------------------
+
+
+def test_a_missing_library_path_is_a_plugin_error(tmp_path: Path, registry: PluginRegistry) -> None:
+    with pytest.raises(PluginError, match="does not exist"):
+        Generator({"target": tmp_path}, f"{tmp_path}/libnothing.so:greedy", registry=registry)
+    spec = ControllerSpec(name="gone", summary="", library=tmp_path / "libgone.so", symbol="gone")
+    with pytest.raises(PluginError, match=r"libgone\.so does not exist"):
+        library_factory(spec)
+
+
+def test_a_bare_library_name_is_never_searched_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PluginError, match=r"libm\.so\.6 does not exist"):
+        load_library("libm.so.6")  # on the loader's path, but only explicit files are loaded
+
+
+def test_a_file_that_is_no_shared_library_is_an_abi_error(tmp_path: Path) -> None:
+    fake = tmp_path / "libfake.so"
+    fake.write_text("not a library")
+    with pytest.raises(AbiError, match="cannot load shared library"):
+        load_library(fake)
+
+
+def test_an_unknown_controller_name_lists_what_the_library_provides(misbehave: Path) -> None:
+    with pytest.raises(PluginError, match=r"no controller named 'nope' .*probe_all, process_probe"):
+        library_controller_spec(misbehave, "nope")
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("-DNO_ENTRY", "exports no decoctl_plugin_entry"),
+        ("-DWRONG_MAJOR", "built for decoctl ABI 99.0, but this host speaks ABI 1.0"),
+        ("-DSMALL_ENTRY", "decoctl_plugin_entry.struct_size is 8, less than"),
+        ("-DSMALL_CONTROLLER", r"controllers\[0\]: struct_size is 8, less than"),
+        ("-DNULL_STEP", "controller 'null_step': step is NULL, but it is required"),
+    ],
+)
+def test_a_library_breaking_the_abi_is_refused_with_an_abi_error(flag: str, message: str, build_broken: Build) -> None:
+    library = build_broken(flag)
+    with pytest.raises(AbiError, match=message):
+        library_controller_spec(library, "probe_all")
+
+
+def test_an_abi_refusal_through_the_generator_names_the_library(
+    genai_model: Path, build_broken: Build, registry: PluginRegistry
+) -> None:
+    library = build_broken("-DWRONG_MAJOR")
+    with pytest.raises(AbiError, match=f"{library}.*rebuild the library"):
+        Generator({"target": genai_model}, f"{library}:probe_all", registry=registry)
