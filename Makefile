@@ -29,9 +29,10 @@ setup: $(STAMP)
 
 setup-test: $(TEST_STAMP)
 
-# generate on the bundled demo model (or, while none is bundled, on a small model this target builds)
+# generate on the bundled demo model (or, while none is bundled, on a small model this target builds with onnx)
 demo: $(STAMP)
-	$(BIN)/decoctl generate "$(PROMPT)"
+	$(BIN)/python -c "import onnx" 2>/dev/null || $(PIP) onnx
+	$(BIN)/python tools/demo.py "$(PROMPT)"
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
