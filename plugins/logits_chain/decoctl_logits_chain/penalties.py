@@ -1,0 +1,214 @@
+"""Processors that look at the prefix or at fixed token ids: penalties, bans, biases and length rules.
+
+Every row is processed with its own prefix (``context.prefix(row)``: prompt, committed output, then the tokens
+drafted before that row), so a verifier sees what plain decoding would have seen at that position. Loops run
+over rows and prefix tokens, never over the vocabulary. Prefix tokens are ids below the vocabulary size (the host
+checks every token it feeds), so they index rows directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from decoctl import ProcessContext
+from decoctl_logits_chain.base import NEG_INF, Processor, check_vocab
+
+__all__ = [
+    "BadWords",
+    "ExponentialDecayLengthPenalty",
+    "FrequencyPenalty",
+    "LogitBias",
+    "MinLength",
+    "MinNewTokens",
+    "NoRepeatNGram",
+    "PresencePenalty",
+    "RepetitionPenalty",
+    "SuppressTokens",
+]
+
+
+def _generated(context: ProcessContext, row: int) -> np.ndarray:
+    """int64[k]: the tokens generated before ``row`` (committed output, then that row's drafted path)."""
+    return np.concatenate((context.output, np.asarray(context.paths[row], np.int64)))
+
+
+def _eos(context: ProcessContext, vocab: int) -> np.ndarray:
+    return np.fromiter((t for t in context.eos_token_ids if t < vocab), np.int64)
+
+
+def _mask_eos_where(rows: np.ndarray, context: ProcessContext, short: list[int]) -> np.ndarray:
+    """logit_eos <- -inf in the rows listed in ``short`` (usually none once a generation is under way)."""
+    if short and context.eos_token_ids:
+        rows[np.ix_(np.array(short, np.int64), _eos(context, rows.shape[1]))] = NEG_INF
+    return rows
+
+
+class RepetitionPenalty(Processor):
+    """For every token t already in the prefix (the prompt too unless include_prompt=false):
+    logit_t <- logit_t / penalty if logit_t > 0, else logit_t * penalty. Once per token, however often it occurs."""
+
+    def __init__(self, penalty: float, include_prompt: bool = True) -> None:
+        self.penalty = np.float32(penalty)
+        self.include_prompt = include_prompt
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        for index, row in enumerate(rows):
+            seen = context.prefix(index) if self.include_prompt else _generated(context, index)
+            values = row[seen]
+            row[seen] = np.where(values < 0, values * self.penalty, values / self.penalty)
+        return rows
+
+
+class _CountPenalty(Processor):
+    def __init__(self, amount: float, include_prompt: bool = False) -> None:
+        self.amount = np.float32(amount)
+        self.include_prompt = include_prompt
+
+    def _seen(self, context: ProcessContext, row: int) -> np.ndarray:
+        return context.prefix(row) if self.include_prompt else _generated(context, row)
+
+
+class PresencePenalty(_CountPenalty):
+    """logit_t <- logit_t - presence_penalty * [count_t > 0], count_t the occurrences of t among the generated
+    tokens (the prompt's too with include_prompt=true). Negative values encourage repetition."""
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        for index, row in enumerate(rows):
+            seen = self._seen(context, index)
+            row[seen] = row[seen] - self.amount  # a repeated index writes the same value: once per token
+        return rows
+
+
+class FrequencyPenalty(_CountPenalty):
+    """logit_t <- logit_t - frequency_penalty * count_t, count_t the occurrences of t among the generated tokens
+    (the prompt's too with include_prompt=true). Negative values encourage repetition."""
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        for index, row in enumerate(rows):
+            np.subtract.at(row, self._seen(context, index), self.amount)
+        return rows
+
+
+class NoRepeatNGram(Processor):
+    """With n = ngram_size and the prefix's last n-1 tokens s: logit_t <- -inf for every t such that s + (t,)
+    already occurs in the prefix (an n-gram never repeats). n = 1 bans every token seen."""
+
+    def __init__(self, ngram_size: int) -> None:
+        self.n = ngram_size
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        k = self.n - 1
+        for index, row in enumerate(rows):
+            prefix = context.prefix(index)
+            if len(prefix) < self.n:
+                continue
+            if k == 0:
+                banned = prefix
+            else:
+                # earlier k-grams equal to the last k tokens: test the first token everywhere, the rest only there
+                tail = prefix[len(prefix) - k :]
+                starts = np.flatnonzero(prefix[: len(prefix) - k] == tail[0])
+                if k > 1 and starts.size:
+                    starts = starts[(prefix[starts[:, None] + np.arange(1, k)] == tail[1:]).all(axis=1)]
+                banned = prefix[starts + k]
+            row[banned] = NEG_INF
+        return rows
+
+
+class MinLength(Processor):
+    """logit_eos <- -inf while the whole sequence (prompt + generated) is shorter than min_length."""
+
+    def __init__(self, min_length: int) -> None:
+        self.min_length = min_length
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        short = [i for i in range(len(rows)) if len(context.prompt) + context.new_tokens(i) < self.min_length]
+        return _mask_eos_where(rows, context, short)
+
+
+class MinNewTokens(Processor):
+    """logit_eos <- -inf while fewer than min_new_tokens tokens were generated (the prompt does not count)."""
+
+    def __init__(self, min_new_tokens: int) -> None:
+        self.min_new_tokens = min_new_tokens
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        short = [i for i in range(len(rows)) if context.new_tokens(i) < self.min_new_tokens]
+        return _mask_eos_where(rows, context, short)
+
+
+class LogitBias(Processor):
+    """logit_t <- logit_t + bias_t for each given TOKEN:BIAS (-100 practically bans a token, +100 forces it)."""
+
+    def __init__(self, biases: dict[int, float]) -> None:
+        self.tokens = np.fromiter(biases, np.int64)
+        self.biases = np.fromiter(biases.values(), np.float32)
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        check_vocab(self.tokens, rows.shape[1], "logits processor 'logit-bias'")
+        rows[:, self.tokens] += self.biases
+        return rows
+
+
+class BadWords(Processor):
+    """For each banned sequence (w_1..w_k): logit_{w_k} <- -inf when the prefix ends with w_1..w_{k-1} (always
+    for k = 1), so the sequence is never completed. A single-token sequence that is an EOS id is ignored, as
+    in transformers (ban EOS with suppress_tokens or min_new_tokens instead)."""
+
+    def __init__(self, sequences: Sequence[Sequence[int]]) -> None:
+        self.sequences = tuple(tuple(s) for s in sequences)
+        self.singles = np.array([s[0] for s in self.sequences if len(s) == 1], np.int64)
+        by_length: dict[int, list[tuple[int, ...]]] = {}
+        for sequence in self.sequences:
+            if len(sequence) > 1:
+                by_length.setdefault(len(sequence) - 1, []).append(sequence)
+        #: prefix length -> (int64[m, length] prefixes, int64[m] the token each bans)
+        self.groups = {
+            length: (np.array([s[:-1] for s in group], np.int64), np.array([s[-1] for s in group], np.int64))
+            for length, group in by_length.items()
+        }
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        check_vocab((t for s in self.sequences for t in s), rows.shape[1], "logits processor 'bad-words'")
+        singles = self.singles[~np.isin(self.singles, list(context.eos_token_ids))]
+        rows[:, singles] = NEG_INF
+        for index, row in enumerate(rows):
+            prefix = context.prefix(index)
+            for length, (prefixes, last) in self.groups.items():
+                if length <= len(prefix):
+                    row[last[(prefixes == prefix[len(prefix) - length :]).all(axis=1)]] = NEG_INF
+        return rows
+
+
+class SuppressTokens(Processor):
+    """logit_t <- -inf for every given token, at every position."""
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.tokens = np.array(tokens, np.int64)
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        check_vocab(self.tokens, rows.shape[1], "logits processor 'suppress-tokens'")
+        rows[:, self.tokens] = NEG_INF
+        return rows
+
+
+class ExponentialDecayLengthPenalty(Processor):
+    """Once g = generated tokens exceeds ``start``: logit_eos <- logit_eos + |logit_eos| * (factor^(g - start) - 1),
+    so EOS grows ever more likely (a masked EOS stays masked)."""
+
+    def __init__(self, start: int, factor: float) -> None:
+        self.start = start
+        self.factor = factor
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        eos = _eos(context, rows.shape[1])
+        for index, row in enumerate(rows):
+            excess = context.new_tokens(index) - self.start
+            if excess > 0 and eos.size:
+                values = row[eos]
+                finite = np.isfinite(values)
+                values[finite] += np.abs(values[finite]) * np.float32(self.factor**excess - 1.0)
+                row[eos] = values
+        return rows

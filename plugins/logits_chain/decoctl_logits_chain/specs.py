@@ -1,0 +1,207 @@
+"""The records this plugin contributes: one ProcessorSpec per processor, the ``chain`` ControllerSpec.
+
+The first option of each processor is the one ``name=value`` sets in a chain string
+(``"repetition_penalty=1.1,top_k=40,top_p=0.95,temperature=0.8"``). Every bad value raises ConfigError when the
+chain is parsed, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from decoctl import ConfigError, ControllerSpec, Option, ProcessorSpec
+from decoctl_logits_chain import penalties, terminal, warpers
+from decoctl_logits_chain._parse import parse_bias, parse_sequences, parse_tokens
+from decoctl_logits_chain.controller import ChainController
+
+__all__ = ["controller_specs", "processor_specs"]
+
+KEEP = Option(
+    name="min_tokens_to_keep", type="int", default=1, minimum=1, help="never drop the this-many most probable tokens"
+)
+
+
+def _open_interval(name: str, value: float, low: float, high: float) -> float:
+    if not low < value < high:
+        raise ConfigError(f"logits processor {name!r}: {name}={value} must be > {low} and < {high}")
+    return value
+
+
+def _required(name: str, option: str, value: Any, example: str) -> Any:
+    if value is None or value == "":
+        raise ConfigError(f"logits processor {name!r} needs {option}, e.g. {example}")
+    return value
+
+
+def _grammar(options: dict[str, Any]) -> Any:
+    from decoctl_logits_chain.grammar import KINDS, Grammar  # llguidance is an optional extra
+
+    given = [(kind, options[kind]) for kind in KINDS if options.get(kind)]
+    if len(given) != 1:
+        raise ConfigError(
+            f"logits processor 'grammar' needs exactly one of {', '.join(KINDS)} (got "
+            f"{[kind for kind, _ in given] or 'none'}), e.g. grammar='[0-9]+' for a regex"
+        )
+    return Grammar(*given[0])
+
+
+def _spec(name: str, summary: str, factory: Callable[[dict[str, Any]], Any], *options: Option) -> ProcessorSpec:
+    return ProcessorSpec(name=name, summary=summary, factory=factory, options=options)
+
+
+def processor_specs() -> tuple[ProcessorSpec, ...]:
+    include_prompt = Option(
+        name="include_prompt", type="bool", default=True, help="count the prompt's tokens too (transformers does)"
+    )
+    generated_only = Option(
+        name="include_prompt", type="bool", default=False, help="count the prompt's tokens too (OpenAI does not)"
+    )
+    return (
+        _spec(
+            "temperature",
+            "logits / T",
+            lambda o: warpers.Temperature(o["temperature"]),
+            Option(name="temperature", type="float", default=1.0, minimum=0.0, help="> 0; below 1 sharpens"),
+        ),
+        _spec(
+            "top_k",
+            "keep the k most probable tokens",
+            lambda o: warpers.TopK(o["top_k"], o["min_tokens_to_keep"]),
+            Option(name="top_k", type="int", default=50, minimum=1, help="tokens to keep"),
+            KEEP,
+        ),
+        _spec(
+            "top_p",
+            "nucleus: keep the most probable tokens whose mass reaches top_p",
+            lambda o: warpers.TopP(o["top_p"], o["min_tokens_to_keep"]),
+            Option(name="top_p", type="float", default=0.9, minimum=0.0, maximum=1.0, help="probability mass"),
+            KEEP,
+        ),
+        _spec(
+            "min_p",
+            "drop tokens less probable than min_p times the most probable",
+            lambda o: warpers.MinP(o["min_p"], o["min_tokens_to_keep"]),
+            Option(name="min_p", type="float", default=0.05, minimum=0.0, maximum=1.0, help="fraction of the top p"),
+            KEEP,
+        ),
+        _spec(
+            "typical_p",
+            "locally typical sampling",
+            lambda o: warpers.TypicalP(_open_interval("typical_p", o["typical_p"], 0.0, 1.0), o["min_tokens_to_keep"]),
+            Option(name="typical_p", type="float", default=0.9, help="probability mass, between 0 and 1 exclusive"),
+            KEEP,
+        ),
+        _spec(
+            "epsilon",
+            "drop tokens with probability below epsilon",
+            lambda o: warpers.Epsilon(_open_interval("epsilon", o["epsilon"], 0.0, 1.0), o["min_tokens_to_keep"]),
+            Option(name="epsilon", type="float", default=3e-4, help="between 0 and 1 exclusive"),
+            KEEP,
+        ),
+        _spec(
+            "eta",
+            "drop tokens below an entropy-dependent cutoff min(eta, sqrt(eta) * exp(-H))",
+            lambda o: warpers.Eta(_open_interval("eta", o["eta"], 0.0, 1.0), o["min_tokens_to_keep"]),
+            Option(name="eta", type="float", default=2e-3, help="between 0 and 1 exclusive"),
+            KEEP,
+        ),
+        _spec(
+            "repetition_penalty",
+            "divide positive / multiply negative logits of tokens already seen",
+            lambda o: penalties.RepetitionPenalty(_positive("repetition_penalty", o["penalty"]), o["include_prompt"]),
+            Option(name="penalty", type="float", default=1.1, help="> 0; above 1 discourages repetition"),
+            include_prompt,
+        ),
+        _spec(
+            "presence_penalty",
+            "subtract a constant from every token already generated",
+            lambda o: penalties.PresencePenalty(o["penalty"], o["include_prompt"]),
+            Option(name="penalty", type="float", default=0.5, help="subtracted once per distinct token"),
+            generated_only,
+        ),
+        _spec(
+            "frequency_penalty",
+            "subtract penalty times each token's count so far",
+            lambda o: penalties.FrequencyPenalty(o["penalty"], o["include_prompt"]),
+            Option(name="penalty", type="float", default=0.5, help="subtracted per occurrence"),
+            generated_only,
+        ),
+        _spec(
+            "no_repeat_ngram",
+            "never repeat an n-gram of the prefix",
+            lambda o: penalties.NoRepeatNGram(o["ngram_size"]),
+            Option(name="ngram_size", type="int", default=3, minimum=1, help="n"),
+        ),
+        _spec(
+            "min_length",
+            "no EOS before the sequence (prompt included) has min_length tokens",
+            lambda o: penalties.MinLength(o["min_length"]),
+            Option(name="min_length", type="int", default=0, minimum=0, help="tokens, prompt included"),
+        ),
+        _spec(
+            "min_new_tokens",
+            "no EOS before min_new_tokens tokens were generated",
+            lambda o: penalties.MinNewTokens(o["min_new_tokens"]),
+            Option(name="min_new_tokens", type="int", default=0, minimum=0, help="generated tokens"),
+        ),
+        _spec(
+            "logit_bias",
+            "add a fixed bias to given tokens",
+            lambda o: penalties.LogitBias(
+                parse_bias(_required("logit_bias", "biases", o["biases"], "logit_bias='13:-5 42:2.5'"), "logit_bias")
+            ),
+            Option(name="biases", type="str", help="TOKEN:BIAS pairs separated by spaces, or a JSON object"),
+        ),
+        _spec(
+            "bad_words",
+            "never complete a banned token sequence",
+            lambda o: penalties.BadWords(
+                parse_sequences(
+                    _required("bad_words", "sequences", o["sequences"], "bad_words='5 6 7 | 9'"), "bad_words"
+                )
+            ),
+            Option(name="sequences", type="str", help="token sequences separated by '|', or a JSON list of lists"),
+        ),
+        _spec(
+            "suppress_tokens",
+            "never produce the given tokens",
+            lambda o: penalties.SuppressTokens(
+                parse_tokens(_required("suppress_tokens", "tokens", o["tokens"], "suppress_tokens='13 42'"), "suppress")
+            ),
+            Option(name="tokens", type="str", help="token ids separated by spaces, or a JSON list"),
+        ),
+        _spec(
+            "exponential_decay_length_penalty",
+            "after start generated tokens, raise EOS's logit by |logit| * (factor^k - 1)",
+            lambda o: penalties.ExponentialDecayLengthPenalty(o["start"], o["factor"]),
+            Option(name="start", type="int", default=64, minimum=0, help="generated tokens before EOS is boosted"),
+            Option(name="factor", type="float", default=1.05, minimum=0.0, help="growth per token past start"),
+        ),
+        _spec(
+            "grammar",
+            "mask tokens a regex, JSON schema or Lark grammar does not allow (llguidance)",
+            _grammar,
+            Option(name="regex", type="str", default="", help="a regular expression the output must match"),
+            Option(name="json_schema", type="str", default="", help="a JSON schema (JSON text) the output must match"),
+            Option(name="lark", type="str", default="", help="a Lark grammar the output must match"),
+        ),
+        _spec("greedy", "terminal: keep only the argmax (decode greedily)", lambda o: terminal.GreedyTerminal()),
+        _spec("sample", "terminal: draw from the processed distribution", lambda o: terminal.SampleTerminal()),
+    )
+
+
+def _positive(name: str, value: float) -> float:
+    if not value > 0:
+        raise ConfigError(f"logits processor {name!r}: penalty={value} must be > 0 (1 is no penalty)")
+    return value
+
+
+def controller_specs() -> tuple[ControllerSpec, ...]:
+    return (
+        ControllerSpec(
+            name="chain",
+            summary="sample from the processor chain's distribution (argmax after a greedy terminal)",
+            factory=ChainController,
+        ),
+    )

@@ -1,0 +1,37 @@
+"""Terminal steps: what a chain ends in. They must come last (the chain parser refuses anything after them)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from decoctl import ProcessContext
+from decoctl_logits_chain.base import NEG_INF, Processor
+
+__all__ = ["GreedyTerminal", "SampleTerminal"]
+
+
+class GreedyTerminal(Processor):
+    """Keep each row's argmax only (the first on ties): logit_t <- -inf for t != argmax_j logit_j.
+
+    Any controller that samples from processed rows then decodes greedily (a speculative verifier accepts a
+    drafted token exactly when it is the argmax); the chain controller takes the argmax without a draw.
+    """
+
+    terminal = True
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        best = rows.argmax(axis=1)[:, None]
+        kept = np.take_along_axis(rows, best, axis=1)
+        rows.fill(NEG_INF)
+        np.put_along_axis(rows, best, kept, axis=1)
+        return rows
+
+
+class SampleTerminal(Processor):
+    """The identity: the chain ends in a draw from softmax(processed logits) with the generation's rng (the
+    chain controller's default; written out, it documents the intent and forbids steps after it)."""
+
+    terminal = True
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        return rows
