@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 PROMPT ?= def fibonacci(n):
 
-.PHONY: setup setup-test demo test lint bench clean
+.PHONY: setup setup-test demo test lint bench real-model-bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,15 @@ test: lint
 
 bench: $(STAMP)
 	$(BIN)/decoctl bench --contenders greedy,raw-ort --json build/bench.json
+
+# the real-model benchmark (docs/REAL_MODEL.md): Gemma 3 270M, converted on this machine first with
+# `decoctl models import gemma3-270m` (GEMMA=gemma3-270m-int8 after `... --int8`); code and plain-text prompts,
+# one intra-op thread for every contender, outputs checked identical to decoctl greedy
+GEMMA ?= gemma3-270m
+real-model-bench: $(STAMP)
+	mkdir -p build
+	$(BIN)/decoctl bench -m $(GEMMA) --contenders greedy,raw-ort,ort-genai --prompts examples/real_model_prompts.jsonl \
+		--threads 1 -n 64 --repeats 3 --require-identical --json build/real-model-bench-$(GEMMA).json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

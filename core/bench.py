@@ -168,6 +168,17 @@ def build_contenders(
     return contenders
 
 
+def warm_up(
+    contenders: Sequence[tuple[str, Contender]], prompts: Sequence[str], tokenizer: Any, *, max_new_tokens: int
+) -> None:
+    """One run per contender on the longest prompt at full length: first runs allocate KV and output buffers
+    and page the weights in, so the resident set measured after this must stay flat for the rest of a bench."""
+    encoded = [tokenizer.encode(p) for p in prompts]
+    longest = max(range(len(encoded)), key=lambda i: len(encoded[i]))
+    for _, contender in contenders:
+        contender.run(prompts[longest], encoded[longest], max_new_tokens)
+
+
 def run_contenders(
     contenders: Sequence[tuple[str, Contender]],
     prompts: Sequence[str],
@@ -176,14 +187,16 @@ def run_contenders(
     max_new_tokens: int,
     repeats: int,
     progress: Any = None,
+    warm: bool = True,
 ) -> dict[str, list[list[Outcome]]]:
-    """outcomes[label][repeat][prompt], every repeat running all contenders on each prompt in turn."""
+    """outcomes[label][repeat][prompt], every repeat running all contenders on each prompt in turn.
+
+    ``warm``: run warm_up() first; pass False when the caller has (to measure memory after it).
+    """
     encoded = [tokenizer.encode(p) for p in prompts]
     outcomes: dict[str, list[list[Outcome]]] = {label: [] for label, _ in contenders}
-    # warm-up at full length: first runs allocate KV and output buffers and page the weights in, so that
-    # the resident set measured after it must stay flat for the rest of the run
-    for _, contender in contenders:
-        contender.run(prompts[0], encoded[max(range(len(encoded)), key=lambda i: len(encoded[i]))], max_new_tokens)
+    if warm:
+        warm_up(contenders, prompts, tokenizer, max_new_tokens=max_new_tokens)
     for repeat in range(repeats):
         for label, _ in contenders:
             outcomes[label].append([])
@@ -322,9 +335,16 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
     def progress(done: int, total: int) -> None:
         print(f"repeat {done}/{total}", file=sys.stderr)
 
-    rss_before = resident_mb()
+    warm_up(contenders, prompts, tokenizer, max_new_tokens=args.max_new_tokens)
+    rss_after_warmup = resident_mb()
     outcomes = run_contenders(
-        contenders, prompts, tokenizer, max_new_tokens=args.max_new_tokens, repeats=args.repeats, progress=progress
+        contenders,
+        prompts,
+        tokenizer,
+        max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
+        progress=progress,
+        warm=False,
     )
     report = BenchReport(
         model=model_name,
@@ -334,7 +354,7 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
         repeats=args.repeats,
         prompts=len(prompts),
         contenders=summarise(outcomes, args.baseline),
-        rss_mb_after_warmup=rss_before,
+        rss_mb_after_warmup=rss_after_warmup,
         rss_mb_end=resident_mb(),
     )
     print(format_table(report))

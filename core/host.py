@@ -243,7 +243,9 @@ class Sequence:
                 f"max_length {self.max_length}: rewind first, or load the model with a larger max_length"
             )
         vocab = self.vocab_size
-        if ids.min() < 0 or ids.max() >= vocab:
+        # a decode step feeds one token: compare it as an int rather than pay for two numpy reductions
+        bad = not 0 <= int(ids[0]) < vocab if ids.size == 1 else ids.min() < 0 or ids.max() >= vocab
+        if bad:
             raise SequenceError(
                 f"forward() on role {self.role!r} got token ids outside [0, {vocab}): "
                 f"{[int(t) for t in ids if t < 0 or t >= vocab][:5]}"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from decoctl.errors import ConfigError, ModelLoadError, PluginError
+from decoctl.importers.registry import find_registered, load_registry
 from decoctl.plugins import PluginRegistry
 from decoctl.processing import LogitsProcessor, ProcessorChain
 from decoctl.specs import ControllerSpec, normalise_name, parse_options
@@ -45,10 +46,15 @@ def resolve_model(reference: str | Path | None, registry: PluginRegistry) -> tup
     bundles = registry.models()
     bundle = bundles.get(normalise_name(text))
     if bundle is None:
-        names = ", ".join(sorted(bundles)) or "none installed"
+        # after plugin bundles: the user-level registry that `decoctl models import` writes
+        imported = find_registered(text)
+        if imported is not None:
+            return imported.name, imported.path
+        names = ", ".join(sorted({*bundles, *load_registry()})) or "none installed"
         raise ModelLoadError(
             f"model {text!r} is neither a folder nor a registered model (registered: {names}): pass the path of "
-            "an exported model folder or install the plugin that provides it"
+            "an exported model folder, install the plugin that provides it, or import it "
+            "(`decoctl models import gemma3-270m`)"
         )
     return bundle.name, bundle.path
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from decoctl import bench
+from decoctl.bench_contenders import ControllerContender
 from decoctl.cli import main
 
 
@@ -63,6 +65,28 @@ def test_bench_compares_contenders_and_writes_json(
     assert rows["raw-ort"]["tokens"] == 12
     assert {"tokens_per_s", "ratio_to_baseline", "identical_to_baseline", "target_forwards", "tokens"} <= set(rows["t"])
     assert "raw-ort" in capsys.readouterr().out
+
+
+def test_bench_takes_the_after_warm_up_memory_figure_after_the_warm_up(
+    genai_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs: list[int] = []
+    original = ControllerContender.run
+
+    def counted(self: ControllerContender, prompt: str, prompt_ids: list[int], max_new_tokens: int) -> bench.Outcome:
+        runs.append(1)
+        return original(self, prompt, prompt_ids, max_new_tokens)
+
+    monkeypatch.setattr(ControllerContender, "run", counted)
+    monkeypatch.setattr(bench, "resident_mb", lambda: float(len(runs)))  # "memory" = runs so far
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n{"prompt": "import os"}\n')
+    report = tmp_path / "bench.json"
+    args = ["bench", "-m", str(genai_model), "--contenders", "greedy", "--prompts", str(prompts), "-n", "2"]
+    assert main([*args, "--repeats", "1", "--threads", "1", "--json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["rss_mb_after_warmup"] == 1.0  # the one warm-up run
+    assert data["rss_mb_end"] == 3.0  # and one run per prompt
 
 
 def test_bench_refuses_a_baseline_that_is_not_a_contender(capsys: pytest.CaptureFixture[str]) -> None:

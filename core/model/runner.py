@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 
 from decoctl.model.kv_cache import KVCache, make_kv_cache
 from decoctl.model.loader import LoadedModel
@@ -30,6 +29,7 @@ class _Growable:
         self.width = width
         self.dtype = dtype
         self.array: np.ndarray = np.zeros((capacity, width), dtype)
+        self.pointer: int = self.array.ctypes.data
 
     def rows(self, n: int) -> np.ndarray:
         if n > self.array.shape[0]:
@@ -37,6 +37,7 @@ class _Growable:
             while capacity < n:
                 capacity *= 2
             self.array = np.zeros((capacity, self.width), self.dtype)
+            self.pointer = self.array.ctypes.data
         return self.array[:n]
 
 
@@ -56,11 +57,17 @@ class Runner:
         self.kv: KVCache = make_kv_cache(model.session, spec, self.max_length)
         self._session = model.session
         self._binding = model.session.io_binding()
-        self._run_options = ort.RunOptions()
+        # what each name is bound to now, (pointer, shape): a decode step re-binds only what changed (the
+        # attention mask, whose length grows), not input_ids and the output rows, which stay put
+        self._bound: dict[str, tuple[int, tuple[int, ...]]] = {}
         caps = model.capabilities
         self._ids = np.zeros((1, self.max_length), np.int64)
         self._mask = np.ones((1, self.max_length), np.int64)
         self._positions = np.zeros((1, self.max_length), np.int64)
+        # buffer addresses, taken once: numpy's .ctypes builds a new object on every access
+        self._ids_pointer = self._ids.ctypes.data
+        self._mask_pointer = self._mask.ctypes.data
+        self._positions_pointer = self._positions.ctypes.data
         self._logits = _Growable(spec.vocab_size, np.float32)
         self._hidden = _Growable(caps.hidden_size, np.float32) if caps.hidden_states and caps.hidden_size else None
         self._aux = (
@@ -83,37 +90,45 @@ class Runner:
         total = past + n
         binding = self._binding
         spec, caps = self._names, self._caps
-        ids = self._ids[:, :n]
-        ids[0] = tokens
-        binding.bind_input(spec.input_ids_name, "cpu", 0, np.int64, [1, n], ids.ctypes.data)
-        binding.bind_input(spec.attention_mask_name, "cpu", 0, np.int64, [1, total], self._mask.ctypes.data)
+        ids = self._ids
+        ids[0, :n] = tokens
+        self._bind(spec.input_ids_name, np.int64, (1, n), self._ids_pointer)
+        binding.bind_input(spec.attention_mask_name, "cpu", 0, np.int64, [1, total], self._mask_pointer)
         if caps.position_ids is not None:
-            pos = self._positions[:, :n]
+            pos = self._positions
             if positions is None:
-                pos[0] = np.arange(past, total)
+                pos[0, :n] = np.arange(past, total)
             else:
-                pos[0] = positions
-            binding.bind_input(caps.position_ids, "cpu", 0, np.int64, [1, n], pos.ctypes.data)
+                pos[0, :n] = positions
+            self._bind(caps.position_ids, np.int64, (1, n), self._positions_pointer)
         if caps.attention_bias is not None:
             bias_view = self._bias_view(n, total, bias)
             binding.bind_input(caps.attention_bias, "cpu", 0, np.float32, [1, 1, n, total], bias_view.ctypes.data)
         self.kv.bind(binding, n)
         logit_rows = n if caps.logits_all_positions else 1
         logits = self._logits.rows(logit_rows)
-        binding.bind_output(
-            spec.logits_name, "cpu", 0, np.float32, [1, logit_rows, spec.vocab_size], logits.ctypes.data
-        )
+        self._bind(spec.logits_name, np.float32, (1, logit_rows, spec.vocab_size), self._logits.pointer, output=True)
         hidden = self._bind_rows(caps.hidden_states, self._hidden, n)
         aux = self._bind_rows(caps.aux_hidden_states, self._aux, n)
-        self._session.run_with_iobinding(binding, self._run_options)
+        # no RunOptions: with one, onnxruntime's Python wrapper looks up an unset config key on every run and
+        # pays for the exception that lookup raises (~50 us a step)
+        self._session.run_with_iobinding(binding)
         self.kv.advance(n)
         return RunOutputs(logits, hidden, aux)
+
+    def _bind(self, name: str, dtype: type, shape: tuple[int, ...], pointer: int, *, output: bool = False) -> None:
+        """Bind ``name`` to host memory unless it is bound to exactly this pointer and shape already."""
+        if self._bound.get(name) == (pointer, shape):
+            return
+        bind = self._binding.bind_output if output else self._binding.bind_input
+        bind(name, "cpu", 0, dtype, list(shape), pointer)
+        self._bound[name] = (pointer, shape)
 
     def _bind_rows(self, name: str | None, buffer: _Growable | None, n: int) -> np.ndarray | None:
         if name is None or buffer is None:
             return None
         rows = buffer.rows(n)
-        self._binding.bind_output(name, "cpu", 0, np.float32, [1, n, buffer.width], rows.ctypes.data)
+        self._bind(name, np.float32, (1, n, buffer.width), buffer.pointer, output=True)
         return rows
 
     def _bias_view(self, n: int, total: int, bias: np.ndarray | None) -> np.ndarray:
