@@ -136,6 +136,9 @@ class Lookahead:
         target.rewind(target.length - 1)
         self._pending = int(prompt[-1])
         self.steps = self.accepted = self.hits = self.verified = self.trimmed = 0
+        #: target forwards by tokens fed -> count, tree and chain apart (the bench prices them on its cost curve)
+        self.tree_sizes: dict[int, int] = {}
+        self.chain_sizes: dict[int, int] = {}
         host.trace["lookahead"] = {"window": self.window, "ngram": self.levels + 1, "guesses": self.guesses}
 
     # -- one step -----------------------------------------------------------------------------------------
@@ -158,6 +161,7 @@ class Lookahead:
         tokens = [self._pending, *self._grid[:, :width].reshape(-1).tolist(), *trie.tokens]
         parents = [-1, *(self._parents if width else []), *trie.parents]
         rows = target.forward(tokens, tree=parents)
+        self.tree_sizes[len(tokens)] = self.tree_sizes.get(len(tokens), 0) + 1
         verify_nodes = [0, *range(1 + window_nodes, len(tokens))]
         processed = host.process(rows[verify_nodes], paths=[[], *trie.paths])
         row_of = {node: i for i, node in enumerate(verify_nodes)}
@@ -219,6 +223,7 @@ class Lookahead:
         target = host.target
         gram = list(grams[0]) if grams else []
         rows = host.process(target.forward([self._pending, *gram]), gram)
+        self.chain_sizes[len(gram) + 1] = self.chain_sizes.get(len(gram) + 1, 0) + 1
         trie = _Trie()
         if gram:
             trie.insert(tuple(gram), 1)
@@ -259,4 +264,6 @@ class Lookahead:
             "pool_size": self.pool.size,
             "window_skipped_steps": self.trimmed,
             "degraded": self.degraded,
+            "verify_sizes": dict(self.chain_sizes),
+            "tree_verify_sizes": dict(self.tree_sizes),
         }

@@ -48,6 +48,25 @@ def test_lookahead_takes_several_tokens_per_forward_once_output_repeats(
     assert stats["pool_size"] > 0
 
 
+def test_the_stats_count_every_target_forward_by_the_tokens_it_fed(tree_model: Path, registry: PluginRegistry) -> None:
+    result = Generator({"target": tree_model}, "lookahead", registry=registry).generate(PROMPTS[1], max_new_tokens=40)
+    sizes = result.stats.controller["tree_verify_sizes"]
+    assert result.stats.controller["verify_sizes"] == {}
+    assert sum(sizes.values()) == result.stats.forwards["target"]
+    assert sum(n * count for n, count in sizes.items()) == result.stats.tokens_fed["target"]
+
+
+def test_the_degraded_mode_counts_its_chain_forwards_by_size(plain_model: Path, registry: PluginRegistry) -> None:
+    options = {"allow_degraded": True}
+    result = Generator({"target": plain_model}, "lookahead", options=options, registry=registry).generate(
+        PROMPTS[1], max_new_tokens=40
+    )
+    sizes = result.stats.controller["verify_sizes"]
+    assert result.stats.controller["tree_verify_sizes"] == {}
+    assert sum(sizes.values()) == result.stats.forwards["target"]
+    assert sum(n * count for n, count in sizes.items()) == result.stats.tokens_fed["target"]
+
+
 def test_a_model_without_tree_inputs_is_refused_naming_the_transform(
     plain_model: Path, registry: PluginRegistry
 ) -> None:

@@ -116,3 +116,14 @@ def test_stats_count_drafted_and_accepted_tokens(target: Path, draft: Path, regi
     assert result.stats.forwards["draft"] > 0
     assert result.stats.trace["acceptance"] == "greedy-exact-match"
     assert np.isclose(stats["acceptance_rate"], stats["accepted"] / stats["drafted"])
+
+
+def test_the_stats_count_every_target_forward_by_the_tokens_it_fed(
+    target: Path, draft: Path, registry: PluginRegistry
+) -> None:
+    result = Generator({"target": target, "draft": draft}, "speculative", registry=registry).generate(
+        PROMPTS[2], max_new_tokens=30
+    )
+    sizes = result.stats.controller["verify_sizes"]
+    assert sum(sizes.values()) == result.stats.forwards["target"]
+    assert sum(n * count for n, count in sizes.items()) == result.stats.tokens_fed["target"]
