@@ -1,8 +1,13 @@
 """`decoctl bench`: contenders side by side in one process, interleaved, with equal thread settings.
 
-Each repeat runs every prompt through every contender in turn (so drift in machine load hits all alike);
-tokens/s is the median over repeats of new tokens over decode seconds summed across prompts. Every
-contender's tokens are compared with the baseline's.
+Each repeat runs every prompt through every contender in turn (so drift in machine load hits all alike), then
+one calibration pass of the target's verify-cost curve; tokens/s is the median over repeats of new tokens over
+decode seconds summed across prompts. Every contender's tokens are compared with the baseline's.
+
+Each contender also gets ``ideal_ratio``, the speedup over the baseline it would reach if the only costs were the
+model forwards it made (its measured forwards by size priced on the measured curve, plus its draft/head roles'
+measured onnxruntime seconds), and ``fraction_of_ideal = ratio_to_baseline / ideal_ratio``. The formula and where
+each number comes from: decoctl.bench_ideal and docs/BENCHMARKS.md ("How ideal_ratio is computed").
 """
 
 from __future__ import annotations
@@ -13,26 +18,39 @@ import os
 import re
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from decoctl.bench_contenders import (
+    ORT_GENAI_SPECULATIVE,
     Contender,
     ControllerContender,
     OrtGenaiContender,
+    OrtGenaiSpeculativeContender,
     Outcome,
     RawOrtContender,
 )
+from decoctl.bench_ideal import CostCalibrator, CostCurve, ideal_ratio
 from decoctl.errors import ConfigError
 from decoctl.generate import Generator
 from decoctl.model.loader import default_threads
 from decoctl.plugins import PluginRegistry
+from decoctl.resolve import resolve_model
 from decoctl.specs import parse_options
 
-__all__ = ["BenchReport", "ContenderResult", "add_bench_parser", "parse_contenders", "run_bench"]
+__all__ = [
+    "BenchReport",
+    "ContenderResult",
+    "Difference",
+    "add_bench_parser",
+    "difference_message",
+    "first_difference",
+    "parse_contenders",
+    "run_bench",
+]
 
 DEFAULT_PROMPTS = (
     "def fibonacci(n):\n",
@@ -86,7 +104,21 @@ def _split_top_level(text: str) -> list[str]:
 
 
 @attrs.frozen(kw_only=True)
+class Difference:
+    """Where a contender's output first leaves the baseline's: prompt index, new-token position, and the two
+    tokens there (None where that output had already ended)."""
+
+    prompt: int
+    position: int
+    baseline_token: int | None
+    token: int | None
+
+
+@attrs.frozen(kw_only=True)
 class ContenderResult:
+    """One contender's row. ``ideal_ratio``/``fraction_of_ideal`` are None without a calibrated curve;
+    ``ideal_basis`` says where its forward counts came from (decoctl.bench_ideal)."""
+
     name: str
     tokens_per_s: float
     ratio_to_baseline: float
@@ -97,11 +129,19 @@ class ContenderResult:
     decode_seconds_median: float
     repeats_tokens_per_s: list[float]
     mismatches: list[int]
+    first_difference: Difference | None
+    ideal_ratio: float | None
+    fraction_of_ideal: float | None
+    ideal_basis: str
     extra: dict[str, Any]
 
 
 @attrs.frozen(kw_only=True)
 class BenchReport:
+    """The whole bench. ``verify_cost``: the target's measured c(n) = t(forward over n tokens) / t(one-token
+    forward); ``verify_cost_tree``: the same for tree forwards of T nodes; ``calibration``: its context length,
+    pairs per size and pass, and the one-token forward in milliseconds."""
+
     model: str
     baseline: str
     threads: int
@@ -111,6 +151,9 @@ class BenchReport:
     contenders: list[ContenderResult]
     rss_mb_after_warmup: float
     rss_mb_end: float
+    verify_cost: dict[int, float]
+    verify_cost_tree: dict[int, float]
+    calibration: dict[str, float]
 
 
 def resident_mb() -> float:
@@ -150,14 +193,19 @@ def build_contenders(
     contenders: list[tuple[str, Contender]] = []
     loaded = None
     for spec in specs:
-        if spec.name in ("raw-ort", "ort-genai"):
-            if spec.options:
+        contender: Contender
+        if spec.name in ("raw-ort", "ort-genai", *ORT_GENAI_SPECULATIVE):
+            if spec.options and spec.name in ("raw-ort", "ort-genai"):
                 raise ConfigError(f"contender {spec.name} takes no options")
             if loaded is None:
                 loaded = Generator({"target": model}, "greedy", threads=threads, registry=registry).models["target"]
-            contender: Contender = (
-                RawOrtContender(loaded, threads) if spec.name == "raw-ort" else OrtGenaiContender(loaded, threads)
-            )
+            if spec.name == "raw-ort":
+                contender = RawOrtContender(loaded, threads)
+            elif spec.name == "ort-genai":
+                contender = OrtGenaiContender(loaded, threads)
+            else:
+                draft = _draft_folder(model, roles, registry) if spec.name == "ort-genai-draft" else None
+                contender = OrtGenaiSpeculativeContender(spec.name, loaded, threads, spec.options, draft=draft)
         else:
             probe = registry.controllers().get(spec.name)
             wanted = probe.active_roles(parse_options(spec.name, probe.options, spec.options)) if probe else ()
@@ -168,15 +216,45 @@ def build_contenders(
     return contenders
 
 
+def _draft_folder(model: str | None, roles: dict[str, str], registry: PluginRegistry) -> Path:
+    """The draft model of ort-genai-draft: --draft, else the default bundle's draft when --model is the default."""
+    reference = roles.get("draft")
+    if reference is None and model is None:
+        bundle = registry.models().get(resolve_model(None, registry)[0])
+        reference = dict(bundle.roles).get("draft") if bundle else None
+    if reference is None:
+        raise ConfigError("contender ort-genai-draft needs a draft model: pass --draft MODEL")
+    return resolve_model(reference, registry)[1]
+
+
 def warm_up(
     contenders: Sequence[tuple[str, Contender]], prompts: Sequence[str], tokenizer: Any, *, max_new_tokens: int
-) -> None:
+) -> dict[str, Outcome]:
     """One run per contender on the longest prompt at full length: first runs allocate KV and output buffers
     and page the weights in, so the resident set measured after this must stay flat for the rest of a bench."""
     encoded = [tokenizer.encode(p) for p in prompts]
     longest = max(range(len(encoded)), key=lambda i: len(encoded[i]))
-    for _, contender in contenders:
-        contender.run(prompts[longest], encoded[longest], max_new_tokens)
+    return {label: contender.run(prompts[longest], encoded[longest], max_new_tokens) for label, contender in contenders}
+
+
+def calibrator_for(
+    baseline: ControllerContender, prompts: Sequence[str], *, max_new_tokens: int, pairs: int
+) -> CostCalibrator:
+    """A verify-cost calibrator on the baseline's target model, its context at the middle of a generation from
+    the longest prompt (the average context a decode step sees)."""
+    model = baseline.generator.models["target"]
+    encoded = max((model.tokenizer.encode(p) for p in prompts), key=len)
+    return CostCalibrator(model, encoded, context=len(encoded) + max_new_tokens // 2, pairs=pairs)
+
+
+def calibrate(calibrator: CostCalibrator, outcomes: Iterable[Outcome]) -> None:
+    """One calibration pass over every forward size these outcomes used."""
+    chain: set[int] = set()
+    tree: set[int] = set()
+    for outcome in outcomes:
+        chain.update(outcome.ledger.chain)
+        tree.update(outcome.ledger.tree)
+    calibrator.measure(chain, tree)
 
 
 def run_contenders(
@@ -188,10 +266,12 @@ def run_contenders(
     repeats: int,
     progress: Any = None,
     warm: bool = True,
+    calibrator: CostCalibrator | None = None,
 ) -> dict[str, list[list[Outcome]]]:
     """outcomes[label][repeat][prompt], every repeat running all contenders on each prompt in turn.
 
     ``warm``: run warm_up() first; pass False when the caller has (to measure memory after it).
+    ``calibrator``: after each repeat, one calibration pass over every forward size seen so far.
     """
     encoded = [tokenizer.encode(p) for p in prompts]
     outcomes: dict[str, list[list[Outcome]]] = {label: [] for label, _ in contenders}
@@ -203,12 +283,33 @@ def run_contenders(
         for prompt, ids in zip(prompts, encoded, strict=True):
             for label, contender in contenders:
                 outcomes[label][repeat].append(contender.run(prompt, ids, max_new_tokens))
+        if calibrator is not None:
+            calibrate(calibrator, (o for runs in outcomes.values() for r in runs for o in r))
         if progress:
             progress(repeat + 1, repeats)
     return outcomes
 
 
-def summarise(outcomes: dict[str, list[list[Outcome]]], baseline: str) -> list[ContenderResult]:
+def first_difference(outputs: Sequence[Sequence[int]], baseline: Sequence[Sequence[int]]) -> Difference | None:
+    """The first prompt whose output differs from the baseline's, and the first new-token position there."""
+    for prompt, (got, expected) in enumerate(zip(outputs, baseline, strict=True)):
+        if tuple(got) == tuple(expected):
+            continue
+        position = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), None)
+        if position is None:
+            position = min(len(got), len(expected))
+        return Difference(
+            prompt=prompt,
+            position=position,
+            baseline_token=expected[position] if position < len(expected) else None,
+            token=got[position] if position < len(got) else None,
+        )
+    return None
+
+
+def summarise(
+    outcomes: dict[str, list[list[Outcome]]], baseline: str, curve: CostCurve | None = None
+) -> list[ContenderResult]:
     base = outcomes[baseline]
     base_rate = _median_rate(base)
     results = []
@@ -216,6 +317,10 @@ def summarise(outcomes: dict[str, list[list[Outcome]]], baseline: str) -> list[C
         rates = [_rate(repeat) for repeat in runs]
         first = runs[0]
         mismatches = [i for i, (o, b) in enumerate(zip(first, base[0], strict=True)) if o.tokens != b.tokens]
+        ratio = statistics.median(rates) / base_rate if base_rate else 0.0
+        every = [o for repeat in runs for o in repeat]
+        ideal = ideal_ratio(((len(o.tokens), o.ledger) for o in every), curve) if curve else None
+        bases = sorted({o.ledger.basis for o in every})
         tokens = sum(len(o.tokens) for o in first)
         forwards = sum(o.target_forwards for o in first)
         extra: dict[str, Any] = {}
@@ -227,7 +332,7 @@ def summarise(outcomes: dict[str, list[list[Outcome]]], baseline: str) -> list[C
             ContenderResult(
                 name=label,
                 tokens_per_s=statistics.median(rates),
-                ratio_to_baseline=statistics.median(rates) / base_rate if base_rate else 0.0,
+                ratio_to_baseline=ratio,
                 identical_to_baseline=not mismatches,
                 target_forwards=forwards,
                 tokens=tokens,
@@ -235,6 +340,10 @@ def summarise(outcomes: dict[str, list[list[Outcome]]], baseline: str) -> list[C
                 decode_seconds_median=statistics.median(sum(o.decode_seconds for o in r) for r in runs),
                 repeats_tokens_per_s=rates,
                 mismatches=mismatches,
+                first_difference=first_difference([o.tokens for o in first], [b.tokens for b in base[0]]),
+                ideal_ratio=ideal,
+                fraction_of_ideal=ratio / ideal if ideal else None,
+                ideal_basis=", ".join(bases),
                 extra={k: statistics.fmean(v) for k, v in extra.items()},
             )
         )
@@ -257,14 +366,23 @@ def format_table(report: BenchReport) -> str:
         f"model {report.model}  threads {report.threads}  prompts {report.prompts}  max_new_tokens "
         f"{report.max_new_tokens}  repeats {report.repeats}  baseline {report.baseline}  RSS after warm-up "
         f"{report.rss_mb_after_warmup:.1f} MiB, at the end {report.rss_mb_end:.1f} MiB",
-        f"{'contender':<28}{'tok/s':>10}{'ratio':>8}{'identical':>11}{'tok/fwd':>9}{'target fwd':>12}",
+        f"{'contender':<28}{'tok/s':>10}{'ratio':>8}{'ideal':>8}{'of ideal':>9}{'identical':>11}{'tok/fwd':>9}"
+        f"{'target fwd':>12}",
     ]
     for c in report.contenders:
         same = "yes" if c.identical_to_baseline else f"NO {c.mismatches}"
+        ideal = f"{c.ideal_ratio:>8.3f}" if c.ideal_ratio is not None else f"{'-':>8}"
+        share = f"{c.fraction_of_ideal:>9.0%}" if c.fraction_of_ideal is not None else f"{'-':>9}"
         lines.append(
-            f"{c.name:<28}{c.tokens_per_s:>10.1f}{c.ratio_to_baseline:>8.3f}{same:>11}"
+            f"{c.name:<28}{c.tokens_per_s:>10.1f}{c.ratio_to_baseline:>8.3f}{ideal}{share}{same:>11}"
             f"{c.tokens_per_target_forward:>9.2f}{c.target_forwards:>12}"
         )
+    if report.verify_cost:
+        curve = "  ".join(f"{n}:{c:.2f}" for n, c in sorted(report.verify_cost.items()))
+        lines.append(f"verify cost c(n) at {report.calibration['context']:.0f} cached tokens: {curve}")
+    if report.verify_cost_tree:
+        curve = "  ".join(f"{n}:{c:.2f}" for n, c in sorted(report.verify_cost_tree.items()))
+        lines.append(f"tree verify cost c_tree(T): {curve}")
     return "\n".join(lines)
 
 
@@ -311,6 +429,12 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--json", help="write the report as JSON here")
     bench.add_argument("--plot", help="write a PNG bar chart here")
     bench.add_argument("--require-identical", action="store_true", help="exit 3 if a contender's tokens differ")
+    bench.add_argument(
+        "--calibration-pairs",
+        type=int,
+        default=3,
+        help="verify-cost calibration: (1-token, n-token) forward pairs per size, per repeat (default 3)",
+    )
 
 
 def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
@@ -320,6 +444,8 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
         raise ConfigError(f"baseline {args.baseline!r} is not among the contenders {labels}: add it or pick another")
     if args.repeats < 1 or args.max_new_tokens < 1:
         raise ConfigError("--repeats and --max-new-tokens must be at least 1")
+    if args.calibration_pairs < 1:
+        raise ConfigError("--calibration-pairs must be at least 1")
     threads = args.threads or default_threads()
     roles = dict(r.split("=", 1) for r in args.role)
     if args.draft:
@@ -327,15 +453,17 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
     prompts = load_prompts(args.prompts)
     contenders = build_contenders(specs, model=args.model, roles=roles, threads=threads, registry=registry)
     base = dict(contenders)[args.baseline]
-    tokenizer = base.generator.tokenizer if isinstance(base, ControllerContender) else None
-    if tokenizer is None:
+    if not isinstance(base, ControllerContender):
         raise ConfigError("the baseline must be a decoctl controller (greedy by default)")
-    model_name = base.generator.models["target"].name if isinstance(base, ControllerContender) else "?"
+    tokenizer = base.generator.tokenizer
+    model_name = base.generator.models["target"].name
 
     def progress(done: int, total: int) -> None:
         print(f"repeat {done}/{total}", file=sys.stderr)
 
-    warm_up(contenders, prompts, tokenizer, max_new_tokens=args.max_new_tokens)
+    calibrator = calibrator_for(base, prompts, max_new_tokens=args.max_new_tokens, pairs=args.calibration_pairs)
+    # the calibration's first pass belongs to the warm-up: its KV cache is allocated before memory is measured
+    calibrate(calibrator, warm_up(contenders, prompts, tokenizer, max_new_tokens=args.max_new_tokens).values())
     rss_after_warmup = resident_mb()
     outcomes = run_contenders(
         contenders,
@@ -345,7 +473,9 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
         repeats=args.repeats,
         progress=progress,
         warm=False,
+        calibrator=calibrator,
     )
+    curve = calibrator.curve()
     report = BenchReport(
         model=model_name,
         baseline=args.baseline,
@@ -353,15 +483,43 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
         max_new_tokens=args.max_new_tokens,
         repeats=args.repeats,
         prompts=len(prompts),
-        contenders=summarise(outcomes, args.baseline),
+        contenders=summarise(outcomes, args.baseline, curve),
         rss_mb_after_warmup=rss_after_warmup,
         rss_mb_end=resident_mb(),
+        verify_cost=dict(curve.chain),
+        verify_cost_tree=dict(curve.tree),
+        calibration={
+            "context": curve.context,
+            "pairs": curve.pairs,
+            "one_token_forward_ms": curve.one_token_seconds * 1000,
+        },
     )
     print(format_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(attrs.asdict(report), indent=2))
     if args.plot:
         plot(report, args.plot)
-    if args.require_identical and not all(c.identical_to_baseline for c in report.contenders):
+    differing = [c for c in report.contenders if not c.identical_to_baseline]
+    if args.require_identical and differing:
+        for c in differing:
+            print(difference_message(c, report.baseline, prompts), file=sys.stderr)
         return 3
     return 0
+
+
+def difference_message(result: ContenderResult, baseline: str, prompts: Sequence[str]) -> str:
+    """--require-identical's explanation: the contender, the first differing prompt and new-token position."""
+    where = result.first_difference
+    if where is None:
+        return f"contender {result.name!r} differs from baseline {baseline!r}"
+    prompt = prompts[where.prompt]
+    shown = prompt if len(prompt) <= 40 else prompt[:37] + "..."
+
+    def token(value: int | None) -> str:
+        return "end of output" if value is None else f"token {value}"
+
+    return (
+        f"contender {result.name!r} differs from baseline {baseline!r} on {len(result.mismatches)} of "
+        f"{len(prompts)} prompt(s); first on prompt {where.prompt} ({shown!r}) at new token {where.position}: "
+        f"{baseline} has {token(where.baseline_token)}, {result.name} has {token(where.token)}"
+    )

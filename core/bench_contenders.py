@@ -1,7 +1,14 @@
-"""The contenders `decoctl bench` runs: decoctl controllers, a raw onnxruntime loop, onnxruntime-genai.
+"""The contenders `decoctl bench` runs: decoctl controllers, a raw onnxruntime loop, onnxruntime-genai's greedy
+loop and its two speculative decoders (n-gram lookup and a draft model).
 
-Every contender has the same shape: ``run(prompt_ids, max_new_tokens) -> Outcome`` with the new tokens, the
-decode seconds (after the prompt is in the cache) and the target forwards it used.
+Every contender has the same shape: ``run(prompt, prompt_ids, max_new_tokens) -> Outcome`` with the new tokens,
+the decode seconds (after the prompt is in the cache), the target forwards it used and its ForwardLedger (what
+it fed the models, for the ideal speedup; see decoctl.bench_ideal).
+
+onnxruntime-genai (0.18 checked) exposes both speculative decoders from Python through
+``GeneratorParams.set_speculative_options`` (``max_draft_tokens``, ``ngram_size``, ``ngram_chained_lookup``,
+``min_adaptive_k``, ``cooldown``) and ``Generator.get_speculative_stats()``; the draft model is a ``model.draft``
+decoder block in genai_config.json next to the target's ``model.decoder``, with paths under the config's folder.
 """
 
 from __future__ import annotations
@@ -18,11 +25,22 @@ import attrs
 import numpy as np
 import onnxruntime as ort
 
+from decoctl.bench_ideal import ForwardLedger, ledger_from_controller_stats, spread
 from decoctl.errors import ConfigError
 from decoctl.generate import Generator
 from decoctl.model.loader import LoadedModel, session_options
+from decoctl.model.spec import ModelSpec
+from decoctl.specs import Option, parse_options
 
-__all__ = ["Contender", "ControllerContender", "OrtGenaiContender", "Outcome", "RawOrtContender"]
+__all__ = [
+    "ORT_GENAI_SPECULATIVE",
+    "Contender",
+    "ControllerContender",
+    "OrtGenaiContender",
+    "OrtGenaiSpeculativeContender",
+    "Outcome",
+    "RawOrtContender",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -31,6 +49,7 @@ class Outcome:
     decode_seconds: float
     total_seconds: float
     target_forwards: int
+    ledger: ForwardLedger
     extra: Mapping[str, Any] = attrs.field(factory=dict)
 
 
@@ -53,11 +72,19 @@ class ControllerContender:
         result = self.generator.generate(prompt, max_new_tokens=max_new_tokens, seed=0)
         total = time.perf_counter() - started
         stats = result.stats
+        ledger = ledger_from_controller_stats(
+            self.name,
+            forwards=stats.forwards,
+            tokens_fed=stats.tokens_fed,
+            onnx_seconds=stats.onnx_seconds,
+            controller=stats.controller,
+        )
         return Outcome(
             tokens=result.tokens,
             decode_seconds=stats.decode_seconds,
             total_seconds=total,
             target_forwards=stats.forwards.get("target", 0),
+            ledger=ledger,
             extra=dict(stats.controller),
         )
 
@@ -140,7 +167,32 @@ class RawOrtContender:
             decode_seconds=end - decode_started,
             total_seconds=end - started,
             target_forwards=forwards,
+            ledger=ForwardLedger.one_token(forwards),
         )
+
+
+def _import_genai(contender: str) -> Any:
+    try:
+        import onnxruntime_genai as og
+    except ImportError as exc:
+        raise ConfigError(
+            f"contender {contender} needs onnxruntime-genai: pip install 'decoctl[ort-genai]' or leave it out"
+        ) from exc
+    return og
+
+
+def _forced_threads(decoder: dict[str, Any], threads: int) -> dict[str, Any]:
+    options = decoder.setdefault("session_options", {})
+    options["intra_op_num_threads"] = threads
+    options["inter_op_num_threads"] = 1
+    return decoder
+
+
+def _link_folder(source: Path, destination: Path) -> None:
+    destination.mkdir(exist_ok=True)
+    for item in source.iterdir():
+        if item.name != "genai_config.json":
+            (destination / item.name).symlink_to(item.resolve())
 
 
 class OrtGenaiContender:
@@ -150,27 +202,24 @@ class OrtGenaiContender:
     name = "ort-genai"
 
     def __init__(self, model: LoadedModel, threads: int) -> None:
-        try:
-            import onnxruntime_genai as og
-        except ImportError as exc:
-            raise ConfigError(
-                "contender ort-genai needs onnxruntime-genai: pip install 'decoctl[ort-genai]' or leave it out"
-            ) from exc
+        og = _import_genai(self.name)
         if model.spec.layout != "genai":
-            raise ConfigError(f"contender ort-genai runs onnxruntime-genai models; {model.name} is {model.spec.layout}")
+            raise ConfigError(
+                f"contender {self.name} runs onnxruntime-genai models; {model.name} is {model.spec.layout}"
+            )
         self._folder = tempfile.TemporaryDirectory(prefix="decoctl-genai-")
         folder = Path(self._folder.name)
-        for item in model.spec.path.iterdir():
-            if item.name != "genai_config.json":
-                (folder / item.name).symlink_to(item)
+        _link_folder(model.spec.path, folder)
         config = json.loads((model.spec.path / "genai_config.json").read_text())
-        options = config["model"]["decoder"].setdefault("session_options", {})
-        options["intra_op_num_threads"] = threads
-        options["inter_op_num_threads"] = 1
+        _forced_threads(config["model"]["decoder"], threads)
+        self._configure(config, folder)
         (folder / "genai_config.json").write_text(json.dumps(config))
         self.og = og
         self.model = og.Model(str(folder))
         self.eos = set(model.spec.eos_token_ids)
+
+    def _configure(self, config: dict[str, Any], folder: Path) -> None:
+        """Subclasses add to the composed config (a draft decoder, speculative options) here."""
 
     def run(self, prompt: str, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
         del prompt
@@ -192,7 +241,134 @@ class OrtGenaiContender:
             decode_seconds=end - decode_started,
             total_seconds=end - started,
             target_forwards=max(0, forwards - 1),
+            ledger=ForwardLedger.one_token(max(0, forwards - 1)),
         )
 
     def close(self) -> None:
         shutil.rmtree(self._folder.name, ignore_errors=True)
+
+
+#: contender name -> its options (onnxruntime-genai's speculative options, under shorter names)
+ORT_GENAI_SPECULATIVE: dict[str, tuple[Option, ...]] = {
+    "ort-genai-ngram": (
+        Option(name="k", type="int", default=4, minimum=1, maximum=16, help="max_draft_tokens"),
+        Option(name="ngram", type="int", default=3, minimum=2, maximum=16, help="ngram_size: match the last N-1"),
+        Option(name="chained", type="bool", default=False, help="ngram_chained_lookup"),
+        Option(name="min_adaptive_k", type="int", default=0, minimum=0, maximum=16, help="0: fixed k"),
+    ),
+    "ort-genai-draft": (
+        Option(name="k", type="int", default=4, minimum=1, maximum=16, help="max_draft_tokens"),
+        Option(name="min_adaptive_k", type="int", default=0, minimum=0, maximum=16, help="0: fixed k"),
+    ),
+}
+
+
+class OrtGenaiSpeculativeContender(OrtGenaiContender):
+    """onnxruntime-genai's own speculative decoding, greedy, with the same forced thread settings as ort-genai:
+    ``ort-genai-ngram`` (n-gram lookup in the committed tokens) or ``ort-genai-draft`` (a draft model, composed
+    as a ``model.draft`` decoder block next to the target's in a temporary folder of links)."""
+
+    def __init__(
+        self, kind: str, model: LoadedModel, threads: int, options: Mapping[str, str], *, draft: Path | None = None
+    ) -> None:
+        if kind not in ORT_GENAI_SPECULATIVE:
+            raise ConfigError(f"no contender {kind!r}: onnxruntime-genai's are {sorted(ORT_GENAI_SPECULATIVE)}")
+        self.name = kind
+        self.options = parse_options(f"contender {kind}", ORT_GENAI_SPECULATIVE[kind], options)
+        og = _import_genai(kind)
+        if not hasattr(og.GeneratorParams, "set_speculative_options"):
+            raise ConfigError(
+                f"contender {kind}: onnxruntime-genai {getattr(og, '__version__', '?')} has no "
+                "GeneratorParams.set_speculative_options, so its speculative decoding cannot be driven from Python: "
+                "pip install 'onnxruntime-genai>=0.18' or leave the contender out"
+            )
+        if kind == "ort-genai-draft" and draft is None:
+            raise ConfigError("contender ort-genai-draft needs a draft model: pass --draft MODEL")
+        if kind == "ort-genai-ngram" and draft is not None:
+            raise ConfigError("contender ort-genai-ngram uses no draft model (onnxruntime-genai refuses both at once)")
+        self._draft = draft
+        self._threads = threads
+        super().__init__(model, threads)
+        self.speculative = {
+            "max_draft_tokens": self.options["k"],
+            "min_adaptive_k": self.options["min_adaptive_k"],
+            **(
+                {"ngram_size": self.options["ngram"], "ngram_chained_lookup": self.options["chained"]}
+                if kind == "ort-genai-ngram"
+                else {}
+            ),
+        }
+
+    def _configure(self, config: dict[str, Any], folder: Path) -> None:
+        if self._draft is None:
+            return
+        spec = ModelSpec.from_folder(self._draft)
+        if spec.layout != "genai":
+            raise ConfigError(
+                f"contender {self.name}: the draft {self._draft} is {spec.layout}; onnxruntime-genai composes only "
+                "onnxruntime-genai models"
+            )
+        if (folder / "draft").exists():
+            raise ConfigError(
+                f"contender {self.name}: the target folder has an entry named 'draft', where the draft's links go"
+            )
+        _link_folder(spec.path, folder / "draft")
+        decoder = json.loads((spec.path / "genai_config.json").read_text())["model"]["decoder"]
+        decoder["filename"] = f"draft/{decoder['filename']}"
+        config["model"]["draft"] = _forced_threads(decoder, self._threads)
+
+    def run(self, prompt: str, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
+        del prompt
+        og = self.og
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(do_sample=False, max_length=len(prompt_ids) + max_new_tokens)
+        params.set_speculative_options(**self.speculative)
+        started = time.perf_counter()
+        generator = og.Generator(self.model, params)
+        generator.append_tokens(np.asarray(prompt_ids, np.int32))
+        decode_started = time.perf_counter()
+        generator.generate_next_token()
+        # the first token read the prefill's logits when onnxruntime-genai made it a standard step
+        first_was_standard = generator.get_speculative_stats()["standard_fallback_steps"] == 1
+        while not generator.is_done():
+            generator.generate_next_token()
+        end = time.perf_counter()
+        stats = dict(generator.get_speculative_stats())
+        sequence = [int(t) for t in generator.get_sequence(0)][len(prompt_ids) :]
+        ledger = self._ledger(stats, first_was_standard)
+        numbers = {k: v for k, v in stats.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        return Outcome(
+            tokens=tuple(sequence[:max_new_tokens]),
+            decode_seconds=end - decode_started,
+            total_seconds=end - started,
+            target_forwards=sum(ledger.chain.values()),
+            ledger=ledger,
+            extra={k: numbers[k] for k in _REPORTED_STATS if k in numbers},
+        )
+
+    def _ledger(self, stats: Mapping[str, Any], first_was_standard: bool) -> ForwardLedger:
+        verify = int(stats["target_verify_forward_passes"])
+        standard = int(stats["standard_fallback_steps"]) - first_was_standard
+        single = int(stats["target_reanchor_forward_passes"]) + int(stats["target_reconciliation_forward_passes"])
+        chain = spread(int(stats["draft_tokens_proposed"]) + verify, verify)
+        chain[1] = chain.get(1, 0) + single + standard
+        drafted = int(stats["draft_forward_passes"]) > 0
+        return ForwardLedger(
+            chain={n: c for n, c in chain.items() if c},
+            other_seconds=float(stats["total_draft_ms"]) / 1000 if drafted else 0.0,
+            basis="onnxruntime-genai stats",
+        )
+
+
+#: onnxruntime-genai speculative counters carried into the bench's per-contender extra (means over prompts)
+_REPORTED_STATS = (
+    "acceptance_rate",
+    "rounds",
+    "draft_tokens_proposed",
+    "draft_tokens_accepted",
+    "draft_forward_passes",
+    "target_verify_forward_passes",
+    "standard_fallback_steps",
+    "ngram_lookup_hits",
+    "effective_k",
+)
