@@ -79,14 +79,16 @@ class ForwardLedger:
     counts come from (see the module docstring).
     """
 
+    basis: str
     chain: Mapping[int, int] = attrs.field(factory=dict)
     tree: Mapping[int, int] = attrs.field(factory=dict)
     other_seconds: float = 0.0
-    basis: str = "one-token forwards"
 
     @classmethod
-    def one_token(cls, forwards: int) -> ForwardLedger:
-        return cls(chain={1: forwards} if forwards > 0 else {})
+    def one_token(cls, forwards: int, other_seconds: float = 0.0) -> ForwardLedger:
+        """``forwards`` one-token target forwards (a greedy loop)."""
+        chain = {1: forwards} if forwards > 0 else {}
+        return cls(basis="one-token forwards", chain=chain, other_seconds=other_seconds)
 
     def sizes(self, kind: str) -> Mapping[int, int]:
         return self.chain if kind == CHAIN else self.tree
@@ -118,7 +120,7 @@ def ledger_from_controller_stats(
             )
         return ForwardLedger(chain=chain, tree=tree, other_seconds=other, basis="controller verify sizes")
     if target_forwards == target_fed:
-        return ForwardLedger(chain=spread(target_fed, target_forwards), other_seconds=other)
+        return ForwardLedger.one_token(target_forwards, other)
     return ForwardLedger(
         chain=spread(target_fed, target_forwards), other_seconds=other, basis="tokens fed spread over forwards"
     )
