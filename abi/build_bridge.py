@@ -45,6 +45,8 @@ extern "Python" int32_t decoctl_py_process(void *, const float *, int64_t, int64
 extern "Python" int32_t decoctl_py_uniform(void *, double *);
 extern "Python" int32_t decoctl_py_log_message(void *, int32_t, const char *);
 extern "Python" const char *decoctl_py_host_error(void *);
+extern "Python" int32_t decoctl_py_forward_features(void *, decoctl_role *, const int64_t *, const int32_t *, int64_t,
+                                                    const float *, int64_t, decoctl_rows *);
 """
 
 HELPERS_CDEF = """

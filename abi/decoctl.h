@@ -1,5 +1,5 @@
 /*
- * decoctl.h: the decoctl C ABI, version 1.0.
+ * decoctl.h: the decoctl C ABI, version 1.1.
  *
  * A shared library exports ONE data symbol, `decoctl_plugin_entry` (a decoctl_plugin), listing the controllers
  * it provides. For each generation the host calls a controller's create() with a host table (decoctl_host): the
@@ -38,7 +38,7 @@ extern "C" {
 /* DECOCTL_CDEF_BEGIN: the cffi bridge (abi/build_bridge.py) reads the declarations up to DECOCTL_CDEF_END. */
 
 #define DECOCTL_ABI_MAJOR 1 /* a library whose major differs from the host's is refused at load */
-#define DECOCTL_ABI_MINOR 0 /* minors only add fields at the ends of structs: check struct_size */
+#define DECOCTL_ABI_MINOR 1 /* minors only add fields at the ends of structs: check struct_size */
 
 /* Status codes. */
 #define DECOCTL_OK 0
@@ -69,8 +69,8 @@ typedef struct decoctl_rows {
 } decoctl_rows;
 
 /* The host table, passed to create(). Host-owned; valid until destroy(state) returns, so the plugin may keep
- * the pointer in its state. Every function pointer in a v1.0 table is non-NULL; a plugin built against a later
- * minor checks struct_size (DECOCTL_HOST_HAS) before calling a function added after 1.0.
+ * the pointer in its state. Every function pointer a host's table holds is non-NULL; a plugin calls a function
+ * added after 1.0 only when struct_size covers it (DECOCTL_HAS), since an older host's table ends before it.
  * Every function takes `host_data` (copy it from this table) first and is [controller-thread]. */
 typedef struct decoctl_host {
     uint32_t struct_size; /* sizeof(decoctl_host) as the host compiled it */
@@ -86,31 +86,40 @@ typedef struct decoctl_host {
 
     /* Feed n >= 1 tokens after the role's current length and run the model once. tokens: caller-owned, read
      * during the call only. out_rows (may be NULL): n rows of logits, row i predicting the token after
-     * tokens[i]; host-owned, zero-copy, valid until the next forward, forward_tree or rewind on this role.
+     * tokens[i]; host-owned, zero-copy, valid until the next forward, forward_tree, forward_features, keep or
+     * rewind on this role.
      * Past the sequence's max_length, or an id outside the vocabulary: DECOCTL_ERR_SEQUENCE. A model that
-     * returns the last position's logits only refuses n > 1 with DECOCTL_ERR_CAPABILITY. */
+     * returns the last position's logits only refuses n > 1 with DECOCTL_ERR_CAPABILITY. A model that takes
+     * features (has_capability "features": a draft head) refuses it with DECOCTL_ERR_SEQUENCE: use
+     * forward_features. */
     int32_t (*forward)(void *host_data, decoctl_role *role, const int64_t *tokens, int64_t n, decoctl_rows *out_rows);
 
-    /* Feed n tokens forming a tree (parents[i]: index of token i's parent, -1 for the root) and verify them in
-     * one pass; out_rows as for forward. tokens, parents: caller-owned, read during the call only.
-     * Returns DECOCTL_ERR_CAPABILITY while the host has no tree verification (ABI 1.0 hosts). */
+    /* Feed n tokens forming a tree (parents[i]: index of token i's parent, or -1 for a root hanging off the
+     * cached tokens; parents[i] < i) and verify them in one pass: row i equals a plain forward of the cached
+     * tokens plus the root-to-i path. out_rows as for forward. tokens, parents: caller-owned, read during the
+     * call only. A model without position_ids and attention_bias inputs: DECOCTL_ERR_CAPABILITY (decoctl
+     * models enable-tree adds them); length 0: DECOCTL_ERR_SEQUENCE. Until keep or rewind, forward refuses
+     * to continue a tree that branches (DECOCTL_ERR_SEQUENCE), and (ABI >= 1.1 hosts) a forward_tree (or
+     * forward_features with parents) right after one EXTENDS that tree: its parents may also index the tokens
+     * the tree calls before it fed, which keep their indices 0..m-1 (the new tokens are m..m+n-1). */
     int32_t (*forward_tree)(void *host_data, decoctl_role *role, const int64_t *tokens, const int32_t *parents,
                             int64_t n, decoctl_rows *out_rows);
 
-    /* After forward_tree, keep the n nodes at indices (a root-to-leaf path) and drop the rest. indices:
-     * caller-owned, read during the call only. Returns DECOCTL_ERR_CAPABILITY while the host has no tree
-     * verification (ABI 1.0 hosts). */
+    /* After forward_tree (with its extensions) or forward, keep the n tokens at indices (a root-to-node path of
+     * that tree; indices 0..n-1 after a plain forward) and drop the rest: their KV rows move into place and the
+     * length becomes the tree's start plus n. indices: caller-owned, read during the call only. Not a path, or
+     * no forward right before: DECOCTL_ERR_SEQUENCE. */
     int32_t (*keep)(void *host_data, decoctl_role *role, const int64_t *indices, int64_t n);
 
     /* The logits of the role's last forward (n rows, as forward returned them). out_rows: non-NULL; host-owned,
-     * zero-copy, valid until the next forward, forward_tree or rewind on this role. No forward yet (or a rewind
-     * since): DECOCTL_ERR_SEQUENCE. */
+     * zero-copy, valid until the next forward, forward_tree, forward_features, keep or rewind on this role. No
+     * forward yet (or a rewind since): DECOCTL_ERR_SEQUENCE. */
     int32_t (*logits)(void *host_data, decoctl_role *role, decoctl_rows *out_rows);
 
     /* Hidden states of the last forward, one row per fed token. kind: "final" (the lm_head's input) or "aux"
      * (the concatenated auxiliary taps); NULL means "final"; caller-owned, read during the call only.
-     * out_rows: non-NULL; host-owned, zero-copy, valid until the next forward, forward_tree or rewind on this
-     * role. A model without that output: DECOCTL_ERR_CAPABILITY. */
+     * out_rows: non-NULL; host-owned, zero-copy, valid until the next forward, forward_tree, forward_features,
+     * keep or rewind on this role. A model without that output: DECOCTL_ERR_CAPABILITY. */
     int32_t (*hidden_states)(void *host_data, decoctl_role *role, const char *kind, decoctl_rows *out_rows);
 
     /* Truncate the role's tokens and KV cache to length (0 <= length <= current length; else
@@ -121,8 +130,8 @@ typedef struct decoctl_host {
     int64_t (*length)(void *host_data, decoctl_role *role);
 
     /* The tokens in the role's KV cache: *out_tokens points at *out_n int64 ids (*out_tokens may be NULL when
-     * *out_n is 0). Host-owned, zero-copy, read-only, valid until the next forward, forward_tree or rewind on
-     * this role. */
+     * *out_n is 0). Host-owned, zero-copy, read-only, valid until the next forward, forward_tree,
+     * forward_features, keep or rewind on this role. */
     int32_t (*tokens)(void *host_data, decoctl_role *role, const int64_t **out_tokens, int64_t *out_n);
 
     /* 1 if the role's model has the named capability ("hidden_states", "aux_hidden_states", "tree",
@@ -168,6 +177,18 @@ typedef struct decoctl_host {
     /* The message of the host error behind the last negative status a host function returned during the
      * current create/step/reset, or NULL if none. Host-owned, valid until that create/step/reset returns. */
     const char *(*host_error)(void *host_data);
+
+    /* ---- added in ABI 1.1: check DECOCTL_HAS(host, decoctl_host, forward_features) before calling ---------- */
+
+    /* forward (parents NULL) or forward_tree (parents non-NULL, same rules) on a role whose model takes
+     * another model's features (has_capability "features": an EAGLE draft head's target_hidden_states input),
+     * with one row of features per token. features: n rows of width floats, C-contiguous; caller-owned (the
+     * target's host-owned hidden states are fine), read during the call only. width must be the model's
+     * feature width, usually the target's hidden size: otherwise DECOCTL_ERR_SEQUENCE (host_error names the
+     * width). tokens, parents, out_rows as for forward_tree. A role whose model takes no features:
+     * DECOCTL_ERR_CAPABILITY. */
+    int32_t (*forward_features)(void *host_data, decoctl_role *role, const int64_t *tokens, const int32_t *parents,
+                                int64_t n, const float *features, int64_t width, decoctl_rows *out_rows);
 } decoctl_host;
 
 /* One controller a library provides. Plugin-owned, static: valid for as long as the library is loaded. */

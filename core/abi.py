@@ -54,7 +54,7 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 ABI_MAJOR = 1
-ABI_MINOR = 0
+ABI_MINOR = 1
 ENTRY_SYMBOL = "decoctl_plugin_entry"
 MAX_CONTROLLERS = 1024  # more than this in one entry means the entry is garbage, not a big library
 
@@ -595,6 +595,24 @@ def _install_callbacks() -> None:
         return ok
 
     @extern
+    def decoctl_py_forward_features(
+        host_data: Any, role: Any, tokens: Any, parents: Any, n: int, features: Any, width: int, out_rows: Any
+    ) -> int:
+        instance = _current(host_data)
+        sequence = instance.sequence(role)
+        ids = _ids(tokens, n, "forward_features()")
+        if n > 0 and (features == ffi.NULL or width < 1):
+            raise ConfigError(f"forward_features(): features must not be NULL and width ({width}) at least 1")
+        rows_in = (
+            np.frombuffer(ffi.buffer(features, n * width * 4), dtype=np.float32).reshape(n, width) if n > 0 else None
+        )
+        tree = None if parents == ffi.NULL else np.frombuffer(ffi.buffer(parents, n * 4), dtype=np.int32).tolist()
+        rows = sequence.forward(ids, tree=tree, features=rows_in)
+        instance.invalidate(sequence)
+        _fill_rows(out_rows, instance, sequence, "logits", rows)
+        return ok
+
+    @extern
     def decoctl_py_keep(host_data: Any, role: Any, indices: Any, n: int) -> int:
         instance = _current(host_data)
         sequence = instance.sequence(role)
@@ -746,6 +764,7 @@ _CALLBACKS = (
     "uniform",
     "log_message",
     "host_error",
+    "forward_features",
 )
 
 

@@ -20,6 +20,7 @@ import attrs
 import numpy as np
 
 from decoctl.errors import CapabilityError, ConfigError, SequenceError
+from decoctl.model.capabilities import FEATURES
 from decoctl.model.loader import LoadedModel
 from decoctl.model.runner import Runner
 from decoctl.model.tree import Tree
@@ -94,7 +95,9 @@ class Sequence:
         self._hidden: np.ndarray | None = None
         self._aux: np.ndarray | None = None
         self._epoch = 0
-        #: the last forward, for keep(): (start length, tokens fed, their tree or None for a chain)
+        #: the last forward, for keep() and for extending a tree: (start length, tokens fed, their tree or None
+        #: for a plain forward). A tree forward right after a tree forward extends it, so start and the count
+        #: cover every token fed since the first of them.
         self._fed: tuple[int, int, Tree | None] | None = None
         self._debug = debug_default() if debug is None else debug
         self.stats = SequenceStats()
@@ -125,8 +128,20 @@ class Sequence:
     def capabilities(self) -> tuple[str, ...]:
         return self.model.capabilities.names()
 
+    @property
+    def feature_size(self) -> int | None:
+        """The width of the features ``forward(features=...)`` takes (a draft head's target_hidden_states
+        input), or None when the model takes none."""
+        return self.model.capabilities.feature_size
+
     # -- primitives -------------------------------------------------------------------------------------
-    def forward(self, tokens: Seq[int] | np.ndarray, tree: Seq[int] | np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self,
+        tokens: Seq[int] | np.ndarray,
+        tree: Seq[int] | np.ndarray | None = None,
+        *,
+        features: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Feed tokens after the current length; return float32[n, vocab], row i predicting the token after
         tokens[i].
 
@@ -134,11 +149,21 @@ class Sequence:
         root (a token that follows the cached tokens directly; several roots are alternatives) or the index of
         an earlier token (``tree[i] < i``). Row i then equals a plain forward of the cached tokens plus the
         root-to-i path. Afterwards the sequence holds all n tokens (``length`` grows by n) but only one
-        root-to-node path is a valid continuation: call ``keep(path)`` (or ``rewind``) before feeding more.
-        Needs the model's position_ids and attention_bias inputs (CapabilityError otherwise) and at least one
-        cached token (SequenceError at length 0: prefill first).
+        root-to-node path is a valid continuation: call ``keep(path)`` (or ``rewind``) before a plain forward.
+        A tree forward right after a tree forward (no keep, rewind or prefill between) *extends* that tree: its
+        parents may also index the earlier tree's tokens (the indices continue after them, so the m tokens fed
+        before are 0..m-1 and the new ones m..m+n-1; -1 still means a root), and keep() then indexes the whole
+        extended tree. That is how a drafter grows a tree level by level. Needs the model's position_ids and
+        attention_bias inputs (CapabilityError otherwise) and at least one cached token (SequenceError at
+        length 0: prefill first).
+
+        ``features`` (float32[n, feature_size], one row per token) feeds the model's features input (a draft
+        head's ``target_hidden_states``, which takes the target's hidden states): required by a model that has
+        that input (SequenceError without it or with another shape), refused by one that has not
+        (CapabilityError). The rows are copied before the call returns.
         """
-        ids = self._checked_tokens(tokens)
+        ids = self._checked_tokens(tokens, tree_follows=tree is not None)
+        rows_features = self._checked_features(features, len(ids))
         if len(ids) > 1 and not self.model.capabilities.logits_all_positions:
             raise CapabilityError(
                 f"role {self.role!r} (model {self.model.name}) returns logits for the last position only, so "
@@ -146,22 +171,27 @@ class Sequence:
                 "logits for all positions, or feed one token at a time"
             )
         if tree is not None:
-            return self._forward_tree(ids, tree)
-        rows = self._run(ids)
+            return self._forward_tree(ids, tree, rows_features)
+        rows = self._run(ids, features=rows_features)
         self._fed = (self.length - len(ids), len(ids), None)
         return rows
 
-    def prefill(self, tokens: Seq[int] | np.ndarray, chunk: int | None = None) -> np.ndarray:
+    def prefill(
+        self, tokens: Seq[int] | np.ndarray, chunk: int | None = None, *, features: np.ndarray | None = None
+    ) -> np.ndarray:
         """Feed a prompt, ``chunk`` tokens per run (None: one run); return float32[1, vocab], the last row.
 
         Works on models that only return the last position's logits; peak memory is bounded by the chunk.
+        ``features``: as for forward(), one row per prompt token.
         """
         ids = self._checked_tokens(tokens)
+        rows_features = self._checked_features(features, len(ids))
         if chunk is not None and chunk < 1:
             raise ConfigError(f"prefill chunk {chunk} must be at least 1 token")
         step = len(ids) if chunk is None else chunk
         for start in range(0, len(ids), step):
-            rows = self._run(ids[start : start + step])
+            part = None if rows_features is None else rows_features[start : start + step]
+            rows = self._run(ids[start : start + step], features=part)
         return rows[-1:]
 
     def logits(self) -> np.ndarray:
@@ -202,8 +232,9 @@ class Sequence:
     def keep(self, indices: Seq[int] | np.ndarray) -> None:
         """Keep the tokens at ``indices`` of the last forward and drop the rest of what it fed.
 
-        ``indices`` index the tokens of the last forward on this role (a tree forward, or a plain one, which is
-        the chain tree ``[-1, 0, 1, ...]``), with no prefill, rewind or keep since. They must be a root-to-node
+        ``indices`` index the tokens of the last forward on this role (a tree forward together with the tree
+        forwards that extended it, or a plain one, which is the chain tree ``[-1, 0, 1, ...]``), with no
+        prefill, rewind or keep since. They must be a root-to-node
         path of that tree: increasing, the first a root (parent -1), each next one the child of the one before.
         After a plain forward that means ``0..k-1``, the same as ``rewind(start + k)``; an empty list keeps
         nothing. The kept tokens' KV rows move to ``start..start+k-1`` (k rows per layer are copied, none when
@@ -228,8 +259,9 @@ class Sequence:
         self._invalidate()
 
     # -- internals --------------------------------------------------------------------------------------
-    def _checked_tokens(self, tokens: Seq[int] | np.ndarray) -> np.ndarray:
-        if self._fed is not None and self._fed[2] is not None:
+    def _checked_tokens(self, tokens: Seq[int] | np.ndarray, *, tree_follows: bool = False) -> np.ndarray:
+        fed_tree = None if self._fed is None else self._fed[2]
+        if fed_tree is not None and not tree_follows and not fed_tree.is_chain:
             raise SequenceError(
                 f"role {self.role!r} still holds every token of its last tree forward: call keep(path) with the "
                 "accepted root-to-node path (or rewind) before feeding more"
@@ -252,10 +284,41 @@ class Sequence:
             )
         return ids
 
-    def _run(self, ids: np.ndarray, positions: np.ndarray | None = None, bias: np.ndarray | None = None) -> np.ndarray:
+    def _checked_features(self, features: np.ndarray | None, n: int) -> np.ndarray | None:
+        width = self.model.capabilities.feature_size
+        if width is None:
+            if features is not None:
+                raise CapabilityError(
+                    f"forward(features=...) on role {self.role!r}: model {self.model.name} has no {FEATURES} "
+                    "input to take them; give this role a draft head exported with that input (tools/export_eagle.py) "
+                    "or feed tokens only"
+                )
+            return None
+        if features is None:
+            raise SequenceError(
+                f"role {self.role!r} (model {self.model.name}) takes the target's features through its {FEATURES} "
+                f"input: pass forward(tokens, features=rows), rows float32[{n}, {width}], one per token"
+            )
+        shape = np.shape(features)
+        if shape != (n, width):
+            raise SequenceError(
+                f"forward() on role {self.role!r} got features of shape {shape} for {n} token(s), but its {FEATURES} "
+                f"input takes float32[{n}, {width}]: pass one row of the target's hidden states (width {width}) per "
+                "token; a different width means the head was trained for another target"
+            )
+        return np.asarray(features)
+
+    def _run(
+        self,
+        ids: np.ndarray,
+        positions: np.ndarray | None = None,
+        bias: np.ndarray | None = None,
+        *,
+        features: np.ndarray | None = None,
+    ) -> np.ndarray:
         start = self.length
         begin = time.perf_counter()
-        outputs = self._runner.run(ids, positions, bias)
+        outputs = self._runner.run(ids, positions, bias, features)
         self.stats.seconds += time.perf_counter() - begin
         self.stats.forwards += 1
         self.stats.tokens_fed += len(ids)
@@ -264,7 +327,7 @@ class Sequence:
         self._invalidate(keep_outputs=True)
         return self._guard(outputs.logits)
 
-    def _forward_tree(self, ids: np.ndarray, tree: Seq[int] | np.ndarray) -> np.ndarray:
+    def _forward_tree(self, ids: np.ndarray, tree: Seq[int] | np.ndarray, features: np.ndarray | None) -> np.ndarray:
         if not self.model.capabilities.tree:
             raise CapabilityError(
                 f"forward(tree=...) on role {self.role!r}: model {self.model.name} has no position_ids and "
@@ -278,10 +341,22 @@ class Sequence:
                 f"forward(tree=...) on role {self.role!r} at length 0: a tree must follow at least one cached "
                 "token; prefill the prompt (or forward its tokens) first"
             )
-        parsed = Tree.from_parents(tree, len(ids))
-        rows = self._run(ids, parsed.positions(start), parsed.bias())
+        parents = np.asarray(tree, dtype=np.int64).reshape(-1)
+        if parents.size != len(ids):
+            raise SequenceError(
+                f"forward(tree=...) got {len(ids)} tokens but {parents.size} parents: give one per token"
+            )
+        fed = self._fed
+        if fed is None or fed[2] is None:
+            first, before, parsed = start, 0, Tree.from_parents(parents, len(ids))
+        else:
+            # extend the tree fed just before: its tokens keep their indices 0..before-1
+            first, before = fed[0], fed[2].size
+            parsed = Tree.from_parents(np.concatenate([fed[2].parents, parents]), before + len(ids))
+        # the new tokens' rows of the bias span the whole tree; everything before it stays visible to all
+        rows = self._run(ids, parsed.positions(first)[before:], parsed.bias()[before:], features=features)
         self.stats.tree_forwards += 1
-        self._fed = (start, len(ids), None if parsed.is_chain else parsed)
+        self._fed = (first, parsed.size, parsed)
         return rows
 
     def _invalidate(self, *, keep_outputs: bool = False) -> None:

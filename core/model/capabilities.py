@@ -14,6 +14,8 @@ __all__ = ["Capabilities"]
 HIDDEN_STATES = "hidden_states"
 AUX_HIDDEN_STATES = "aux_hidden_states"
 ATTENTION_BIAS = "attention_bias"
+#: the extra input of a draft head (EAGLE) that takes another model's features: float32[batch, sequence, width]
+FEATURES = "target_hidden_states"
 
 
 @attrs.frozen(kw_only=True)
@@ -24,6 +26,8 @@ class Capabilities:
     ``hidden_states`` / ``aux_hidden_states``: output names, or None when the graph has none.
     ``hidden_size`` / ``aux_hidden_size``: the last dimension of those outputs.
     ``position_ids`` / ``attention_bias``: input names, or None. ``tree`` needs both.
+    ``feature_input`` / ``feature_size``: the input that takes another model's features (a draft head's
+    ``target_hidden_states``, one float32 row per fed token) and its width, or None.
     """
 
     logits_all_positions: bool
@@ -33,6 +37,8 @@ class Capabilities:
     aux_hidden_size: int | None
     position_ids: str | None
     attention_bias: str | None
+    feature_input: str | None
+    feature_size: int | None
 
     @property
     def tree(self) -> bool:
@@ -46,6 +52,7 @@ class Capabilities:
             "aux_hidden_states": self.aux_hidden_states is not None,
             "position_ids": self.position_ids is not None,
             "tree": self.tree,
+            "features": self.feature_input is not None,
         }
         return tuple(name for name, ok in present.items() if ok)
 
@@ -67,6 +74,7 @@ class Capabilities:
                 f"{spec.onnx_file} lacks the inputs/outputs {missing} that its config promises "
                 f"({spec.num_layers} layers): the config and the graph do not belong together; re-export both"
             )
+        feature_size = _feature_size(inputs.get(FEATURES), spec)
         logits_shape = outputs[spec.logits_name].shape
         seq_dim = logits_shape[1] if len(logits_shape) == 3 else None
         return cls(
@@ -77,7 +85,22 @@ class Capabilities:
             aux_hidden_size=_last_dim(outputs.get(AUX_HIDDEN_STATES)),
             position_ids=spec.position_ids_name if spec.position_ids_name in inputs else None,
             attention_bias=ATTENTION_BIAS if ATTENTION_BIAS in inputs else None,
+            feature_input=FEATURES if feature_size is not None else None,
+            feature_size=feature_size,
         )
+
+
+def _feature_size(node: Any, spec: ModelSpec) -> int | None:
+    """The width of the features input, or None without one; a width the host cannot bind raises."""
+    if node is None:
+        return None
+    width = _last_dim(node)
+    if node.type != "tensor(float)" or len(node.shape) != 3 or width is None:
+        raise ModelLoadError(
+            f"{spec.onnx_file} takes {FEATURES} as {node.type}{node.shape}, but decoctl binds float32[batch, "
+            "sequence, width] with a fixed width: re-export the head with that input type"
+        )
+    return width
 
 
 def _last_dim(node: Any) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from decoctl.errors import SequenceError
 from decoctl.model.kv_cache import KVCache, make_kv_cache
 from decoctl.model.loader import LoadedModel
 
@@ -44,10 +45,12 @@ class _Growable:
 class Runner:
     """Runs one model for one sequence: owns its KV cache, its IOBinding and its output buffers.
 
-    ``run(tokens, positions, bias)`` feeds tokens after the cache's current length. ``positions`` (int64[n])
-    and ``bias`` (additive: float32[n, length+n], or float32[n, n] over the new tokens with the cached prefix
-    visible to all) are only used by graphs that take position_ids / attention_bias; plain chains pass None
-    and get consecutive positions and a causal mask.
+    ``run(tokens, positions, bias, features)`` feeds tokens after the cache's current length. ``positions``
+    (int64[n]) and ``bias`` (additive: float32[n, w] over the last w of the length+n positions, everything
+    before them visible to all; w = n covers the new tokens only) are only used by graphs that take
+    position_ids / attention_bias; plain chains pass None and get consecutive positions and a causal mask.
+    ``features`` (float32[n, feature_size]) is copied into a preallocated buffer bound to the graph's features
+    input; the caller checks its shape.
     """
 
     def __init__(self, model: LoadedModel, max_length: int | None = None) -> None:
@@ -73,6 +76,7 @@ class Runner:
         self._aux = (
             _Growable(caps.aux_hidden_size, np.float32) if caps.aux_hidden_states and caps.aux_hidden_size else None
         )
+        self._features = _Growable(caps.feature_size, np.float32) if caps.feature_input and caps.feature_size else None
         self._bias = np.zeros(0, np.float32)
         self._names = spec
         self._caps = caps
@@ -82,7 +86,11 @@ class Runner:
         return self.kv.length
 
     def run(
-        self, tokens: np.ndarray, positions: np.ndarray | None = None, bias: np.ndarray | None = None
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray | None = None,
+        bias: np.ndarray | None = None,
+        features: np.ndarray | None = None,
     ) -> RunOutputs:
         """Feed ``tokens`` (int64[n]) after the current length; return views of the outputs."""
         n = len(tokens)
@@ -104,6 +112,12 @@ class Runner:
         if caps.attention_bias is not None:
             bias_view = self._bias_view(n, total, bias)
             binding.bind_input(caps.attention_bias, "cpu", 0, np.float32, [1, 1, n, total], bias_view.ctypes.data)
+        if caps.feature_input is not None and self._features is not None:
+            if features is None:
+                raise SequenceError(f"{self.model.name} takes {caps.feature_input}: pass one row of features per token")
+            self._features.rows(n)[:] = features
+            width = self._features.width
+            self._bind(caps.feature_input, np.float32, (1, n, width), self._features.pointer)
         self.kv.bind(binding, n)
         logit_rows = n if caps.logits_all_positions else 1
         logits = self._logits.rows(logit_rows)
@@ -140,11 +154,10 @@ class Runner:
         if bias is None:
             view[:] = 0.0
             view[:, past:][np.triu_indices(n, 1)] = -np.inf
-        elif bias.shape[1] == n:
-            view[:, :past] = 0.0
-            view[:, past:] = bias
         else:
-            view[:] = bias
+            visible = total - bias.shape[1]
+            view[:, :visible] = 0.0
+            view[:, visible:] = bias
         return view
 
     def truncate(self, length: int) -> None:

@@ -7,13 +7,16 @@ of plugin distributions::
 
     folder = build_genai_model(tmp_path / "target", seed=1, hidden_states=True)
     expected = reference_logits(folder, [0, 17, 42])  # float32[3, vocab]
+    head = build_eagle_head(tmp_path / "eagle", folder, seed=2)  # an EAGLE draft head for that target
 """
 
+from decoctl.testing.eagle import build_eagle_head, write_eagle_head
 from decoctl.testing.models import (
     AUX_LAYERS_METADATA_KEY,
     build_genai_model,
     build_optimum_model,
     reference_logits,
+    reference_outputs,
     top2_gap,
 )
 from decoctl.testing.tokenizer import (
@@ -30,9 +33,12 @@ __all__ = [
     "EOS_TOKEN_ID",
     "PAD_TOKEN_ID",
     "SPECIAL_TOKENS",
+    "build_eagle_head",
     "build_genai_model",
     "build_optimum_model",
     "build_tokenizer",
     "reference_logits",
+    "reference_outputs",
     "top2_gap",
+    "write_eagle_head",
 ]

@@ -23,6 +23,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from decoctl.model.capabilities import FEATURES
 from decoctl.testing.tokenizer import (
     BOS_TOKEN_ID,
     EOS_TOKEN_ID,
@@ -36,6 +37,7 @@ __all__ = [
     "build_genai_model",
     "build_optimum_model",
     "reference_logits",
+    "reference_outputs",
     "top2_gap",
 ]
 
@@ -211,6 +213,28 @@ def reference_logits(model_dir: str | Path, token_ids: Sequence[int] | np.ndarra
     if logits_dims[1] == 1:
         return np.stack([_single_pass(session, ids[: n + 1])[-1] for n in range(ids.size)])
     return _single_pass(session, ids)
+
+
+def reference_outputs(
+    model_dir: str | Path, token_ids: Sequence[int] | np.ndarray, *, features: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """Every per-token output of one from-scratch pass over a token sequence (``logits``, ``hidden_states``, ...).
+
+    Fed as :func:`reference_logits` feeds it; ``features`` (float32[n, width]) goes to a draft head's
+    ``target_hidden_states`` input. The model must return logits for every position.
+
+    :returns: output name -> float32[n, ...] (the batch axis dropped); KV outputs are left out.
+    """
+    folder = Path(model_dir)
+    session = ort.InferenceSession(str(folder / _model_filename(folder)), providers=["CPUExecutionProvider"])
+    ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+    if ids.size == 0:
+        raise ValueError("reference_outputs needs at least one token")
+    feeds = {v.name: _reference_feed(v.name, v.shape, ids, ids.size, features) for v in session.get_inputs()}
+    names = [o.name for o in session.get_outputs() if not o.name.startswith("present")]
+    return {
+        name: np.asarray(value[0], np.float32) for name, value in zip(names, session.run(names, feeds), strict=True)
+    }
 
 
 def top2_gap(logits: np.ndarray) -> np.ndarray:
@@ -729,8 +753,14 @@ def _single_pass(session: ort.InferenceSession, ids: np.ndarray) -> np.ndarray:
     return np.asarray(logits[0], dtype=np.float32)
 
 
-def _reference_feed(name: str, shape: Sequence[int | str | None], ids: np.ndarray, n: int) -> np.ndarray:
+def _reference_feed(
+    name: str, shape: Sequence[int | str | None], ids: np.ndarray, n: int, features: np.ndarray | None = None
+) -> np.ndarray:
     """The value of one graph input for a from-scratch pass over n tokens."""
+    if name == FEATURES:
+        if features is None:
+            raise ValueError(f"graph input {name!r} needs features: pass float32[{n}, width]")
+        return np.asarray(features, dtype=np.float32).reshape(1, n, -1)
     if name == "input_ids":
         return ids[None, :]
     if name == "attention_mask":

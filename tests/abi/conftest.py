@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from decoctl.testing import build_eagle_head
+
 ROOT = Path(__file__).resolve().parents[2]
 ABI_DIR = ROOT / "abi"
 EXAMPLES = ROOT / "examples" / "c_controller"
@@ -43,6 +45,12 @@ def c_examples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def misbehave(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The library of well-formed test controllers (probes and rule breakers) in tests/abi/c/misbehave.c."""
     return compile_library(MISBEHAVE, tmp_path_factory.mktemp("misbehave") / "libmisbehave.so")
+
+
+@pytest.fixture(scope="session")
+def eagle_head(genai_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random EAGLE head (features input, tree inputs) for the shared genai_model target."""
+    return build_eagle_head(tmp_path_factory.mktemp("eagle"), genai_model, seed=9, tree_inputs=True)
 
 
 @pytest.fixture

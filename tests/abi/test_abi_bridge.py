@@ -5,6 +5,7 @@ The controllers come from tests/abi/c/misbehave.c; none of these failures may cr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,57 @@ def test_a_tree_forward_on_a_model_without_tree_inputs_is_a_capability_error(
     assert "forward_tree returned -3" in " ".join(error.__cause__.__notes__)
 
 
+def test_forward_features_feeds_a_head_from_c_as_python_does(
+    genai_model: Path, eagle_head: Path, misbehave: Path, registry: PluginRegistry
+) -> None:
+    roles = {"target": genai_model, "eagle": eagle_head}
+    result = Generator(roles, f"{misbehave}:features_probe", registry=registry, threads=1).generate(
+        PROMPT, max_new_tokens=3
+    )
+    seen = result.stats.controller
+    assert (seen["abi_minor"], seen["has_forward_features"], seen["has_features"]) == (1, 1, 1)
+    assert result.tokens == generate(genai_model, "greedy", registry, n=3).tokens
+    prompt = Generator({"target": genai_model}, registry=registry).tokenizer.encode(PROMPT)
+    target = Sequence("target", load_model(genai_model, threads=1))
+    target.prefill(prompt)
+    hidden = np.array(target.hidden_states())
+    head = Sequence("eagle", load_model(eagle_head, threads=1))
+    chain = np.array(head.forward(prompt[1:], features=hidden[:-1]))
+    assert (seen["chain_n"], seen["chain_argmax"]) == (len(prompt) - 1, int(chain[-1].argmax()))
+    assert np.isclose(seen["chain_last_first"], chain[-1, 0], atol=1e-5)
+    tree = head.forward([5, 6, 7], tree=[-1, 0, -1], features=np.repeat(hidden[-1:], 3, axis=0))
+    assert (seen["tree_n"], seen["tree_argmax"]) == (3, tree.argmax(axis=-1).tolist())
+    assert seen["head_length"] == len(prompt) + 2
+
+
+@pytest.mark.parametrize(
+    ("controller", "error", "message", "status"),
+    [
+        ("features_wrong_width", SequenceError, r"shape \(1, 65\) .* float32\[1, 64\]", -4),
+        ("features_on_target", CapabilityError, "has no target_hidden_states input", -3),
+    ],
+)
+def test_forward_features_refusals_cross_as_their_python_errors(
+    controller: str,
+    error: type[Exception],
+    message: str,
+    status: int,
+    genai_model: Path,
+    eagle_head: Path,
+    misbehave: Path,
+    registry: PluginRegistry,
+) -> None:
+    roles = (
+        {"target": genai_model, "eagle": eagle_head} if controller != "features_on_target" else {"target": genai_model}
+    )
+    with pytest.raises(GenerationError) as caught:
+        Generator(roles, f"{misbehave}:{controller}", registry=registry, threads=1).generate(PROMPT, max_new_tokens=2)
+    cause = caught.value.__cause__
+    assert isinstance(cause, error)
+    assert re.search(message, str(cause))
+    assert f"forward_features returned {status}" in " ".join(cause.__notes__)
+
+
 def test_a_step_that_commits_nothing_is_stopped(genai_model: Path, misbehave: Path, registry: PluginRegistry) -> None:
     error = failure(genai_model, f"{misbehave}:stalls", registry)
     assert isinstance(error.__cause__, ControllerError)
@@ -250,7 +302,7 @@ def test_an_unknown_controller_name_lists_what_the_library_provides(misbehave: P
     ("flag", "message"),
     [
         ("-DNO_ENTRY", "exports no decoctl_plugin_entry"),
-        ("-DWRONG_MAJOR", "built for decoctl ABI 99.0, but this host speaks ABI 1.0"),
+        ("-DWRONG_MAJOR", "built for decoctl ABI 99.0, but this host speaks ABI 1.1"),
         ("-DSMALL_ENTRY", "decoctl_plugin_entry.struct_size is 8, less than"),
         ("-DSMALL_CONTROLLER", r"controllers\[0\]: struct_size is 8, less than"),
         ("-DNULL_STEP", "controller 'null_step': step is NULL, but it is required"),

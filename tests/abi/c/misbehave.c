@@ -164,13 +164,81 @@ static int32_t ignores_error_step(void *state) {
     return greedy_once(p);
 }
 
-/* tree: a tree forward, which ABI 1.0 hosts refuse with DECOCTL_ERR_CAPABILITY. */
+/* tree: a tree forward, which a model without tree inputs refuses with DECOCTL_ERR_CAPABILITY. */
 static int32_t tree_step(void *state) {
     probe *p = state;
     int64_t tokens[3] = {5, 6, 7};
     int32_t parents[3] = {-1, 0, 0};
     int32_t status = p->host->forward_tree(p->host->host_data, p->target, tokens, parents, 3, NULL);
     return status < 0 ? fail(p, status, "forward_tree") : greedy_once(p);
+}
+
+/* features_probe (roles target,eagle; ABI 1.1): before its first greedy step, feeds the eagle role the prompt's
+ * pairs (token i+1 with the target's hidden state at i) with forward_features, then a three-node tree that
+ * extends nothing ({-1, 0, -1}, each node with the last prompt hidden state), and records what came back. */
+static int32_t features_probe_step(void *state) {
+    probe *p = state;
+    const decoctl_host *h = p->host;
+    if (p->steps++ > 0) return greedy_once(p);
+    decoctl_role *head;
+    decoctl_rows hidden = DECOCTL_ROWS_INIT, chain = DECOCTL_ROWS_INIT, tree = DECOCTL_ROWS_INIT;
+    const int64_t *tokens;
+    int64_t n;
+    int32_t status;
+    int has = DECOCTL_HAS(h, decoctl_host, forward_features);
+    if (!has) return fail(p, DECOCTL_ERR_CAPABILITY, "DECOCTL_HAS(forward_features)");
+    if ((status = h->role(h->host_data, "eagle", &head)) < 0) return fail(p, status, "role(\"eagle\")");
+    if ((status = h->hidden_states(h->host_data, p->target, NULL, &hidden)) < 0) return fail(p, status, "hidden");
+    if ((status = h->tokens(h->host_data, p->target, &tokens, &n)) < 0) return fail(p, status, "tokens");
+    status = h->forward_features(h->host_data, head, tokens + 1, NULL, n - 1, hidden.data, hidden.width, &chain);
+    if (status < 0) return fail(p, status, "forward_features");
+    int64_t chain_n = chain.n, chain_argmax = argmax(chain.data + (chain.n - 1) * chain.width, chain.width);
+    float chain_last = chain.data[(chain.n - 1) * chain.width];
+    int64_t nodes[3] = {5, 6, 7};
+    int32_t parents[3] = {-1, 0, -1};
+    float *features = malloc(sizeof(float) * 3 * (size_t)hidden.width);
+    if (!features) return DECOCTL_ERR_FAILED;
+    for (int i = 0; i < 3; i++)
+        memcpy(features + i * hidden.width, hidden.data + (hidden.n - 1) * hidden.width, sizeof(float) * hidden.width);
+    status = h->forward_features(h->host_data, head, nodes, parents, 3, features, hidden.width, &tree);
+    free(features);
+    if (status < 0) return fail(p, status, "forward_features(tree)");
+    snprintf(p->stats, sizeof(p->stats),
+             "{\"abi_minor\": %u, \"has_forward_features\": %d, \"has_features\": %d, \"chain_n\": %lld, "
+             "\"chain_argmax\": %lld, \"chain_last_first\": %.9g, \"tree_n\": %lld, "
+             "\"tree_argmax\": [%lld, %lld, %lld], \"head_length\": %lld}",
+             h->abi_minor, has, h->has_capability(h->host_data, head, "features"), (long long)chain_n,
+             (long long)chain_argmax, chain_last, (long long)tree.n, (long long)argmax(tree.data, tree.width),
+             (long long)argmax(tree.data + tree.width, tree.width),
+             (long long)argmax(tree.data + 2 * tree.width, tree.width),
+             (long long)h->length(h->host_data, head));
+    return greedy_once(p);
+}
+
+/* features_wrong_width: forward_features with one float too many per row. */
+static int32_t features_wrong_width_step(void *state) {
+    probe *p = state;
+    const decoctl_host *h = p->host;
+    decoctl_role *head;
+    decoctl_rows hidden = DECOCTL_ROWS_INIT;
+    int64_t token = 5;
+    int32_t status;
+    if ((status = h->role(h->host_data, "eagle", &head)) < 0) return fail(p, status, "role");
+    if ((status = h->hidden_states(h->host_data, p->target, NULL, &hidden)) < 0) return fail(p, status, "hidden");
+    status = h->forward_features(h->host_data, head, &token, NULL, 1, hidden.data, hidden.width + 1, NULL);
+    return status < 0 ? fail(p, status, "forward_features") : greedy_once(p);
+}
+
+/* features_on_target: forward_features on the target, whose model takes no features. */
+static int32_t features_on_target_step(void *state) {
+    probe *p = state;
+    const decoctl_host *h = p->host;
+    decoctl_rows hidden = DECOCTL_ROWS_INIT;
+    int64_t token = 5;
+    int32_t status;
+    if ((status = h->hidden_states(h->host_data, p->target, NULL, &hidden)) < 0) return fail(p, status, "hidden");
+    status = h->forward_features(h->host_data, p->target, &token, NULL, 1, hidden.data, hidden.width, NULL);
+    return status < 0 ? fail(p, status, "forward_features") : greedy_once(p);
 }
 
 /* small_rows: hands the host a decoctl_rows whose struct_size is too small. */
@@ -248,6 +316,9 @@ CONTROLLER(create_fails, probe_step, .create = create_fails_create, .last_error 
 CONTROLLER(echo_config, probe_step, .create = echo_config_create,
            .options_json = "[{\"name\": \"width\", \"type\": \"int\", \"default\": 4}]")
 CONTROLLER(calls_host_in_destroy, probe_step, .destroy = calls_host_in_destroy_destroy)
+CONTROLLER(features_probe, features_probe_step, .roles = "target,eagle")
+CONTROLLER(features_wrong_width, features_wrong_width_step, .roles = "target,eagle")
+CONTROLLER(features_on_target, features_on_target_step)
 
 #if defined(SMALL_CONTROLLER)
 static decoctl_controller small_controller = {.struct_size = 8, .name = "small"};
@@ -263,15 +334,16 @@ static const decoctl_controller null_step = {.struct_size = sizeof(decoctl_contr
 
 static const decoctl_controller *const controllers[] = {
     FIRST &probe_all, &process_probe, &fails, &stalls, &bad_commit, &overflow, &ignores_error, &tree,
-    &small_rows, &unknown_role, &create_fails, &echo_config, &calls_host_in_destroy,
+    &small_rows, &unknown_role, &create_fails, &echo_config, &calls_host_in_destroy, &features_probe,
+    &features_wrong_width, &features_on_target,
 };
 
 #if defined(NO_ENTRY)
 DECOCTL_EXPORT const decoctl_plugin some_other_symbol = DECOCTL_PLUGIN(controllers);
 #elif defined(WRONG_MAJOR)
-DECOCTL_EXPORT const decoctl_plugin decoctl_plugin_entry = {sizeof(decoctl_plugin), 99, 0, 13, controllers};
+DECOCTL_EXPORT const decoctl_plugin decoctl_plugin_entry = {sizeof(decoctl_plugin), 99, 0, 16, controllers};
 #elif defined(SMALL_ENTRY)
-DECOCTL_EXPORT const decoctl_plugin decoctl_plugin_entry = {8, DECOCTL_ABI_MAJOR, DECOCTL_ABI_MINOR, 13, controllers};
+DECOCTL_EXPORT const decoctl_plugin decoctl_plugin_entry = {8, DECOCTL_ABI_MAJOR, DECOCTL_ABI_MINOR, 16, controllers};
 #else
 DECOCTL_EXPORT const decoctl_plugin decoctl_plugin_entry = DECOCTL_PLUGIN(controllers);
 #endif

@@ -1,0 +1,226 @@
+"""EAGLE-1 draft heads as ONNX folders the host loads as role "eagle", built with onnx.helper (no torch).
+
+The head (Li et al., "EAGLE", ICML 2024): at position i it takes the target's feature f_i (the target's final
+hidden state, the lm_head's input) and the embedding of the token after it, x_{i+1}, and computes
+
+    x = fc(concat(embed(x_{i+1}), f_i))                     fc: 2*hidden -> hidden, with a bias
+    h = one pre-norm Llama decoder layer over x              (its own KV cache, rotary positions i)
+    f_{i+1}' = final_norm(h)                                 output ``hidden_states``: the predicted next feature
+    logits = lm_head(f_{i+1}')                               output ``logits``: the token x_{i+2}
+
+``embed_tokens``, ``final_norm`` and ``lm_head`` are the target's own weights (shared, not trained), so the
+predicted feature lives in the target's feature space and is fed back as the next position's feature while
+drafting. The layout is onnxruntime-genai's (GroupQueryAttention over a shared past/present buffer) plus one
+input, ``target_hidden_states`` float32[batch_size, sequence_length, hidden], which the host binds through
+``Sequence.forward(tokens, features=...)``; genai_config.json says ``"type": "eagle"``. A head can take the tree
+inputs too (``tree_inputs``), which EAGLE-2 drafting needs to grow its draft tree level by level.
+
+:func:`build_eagle_head` makes a random head for a target built by :func:`~decoctl.testing.build_genai_model`
+(its shared weights read from the target's graph); :func:`write_eagle_head` writes a head from given weights,
+which is how ``tools/export_eagle.py`` exports a trained one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from decoctl.model.capabilities import FEATURES
+from decoctl.testing.models import (
+    _FLOAT,
+    _decoder_layers,
+    _Dims,
+    _embed,
+    _genai_config,
+    _genai_inputs,
+    _genai_outputs,
+    _gqa_attention,
+    _gqa_lengths,
+    _Graph,
+    _lm_head,
+    _rotary_tables,
+    _value,
+    _write_json,
+)
+
+__all__ = ["EAGLE_MODEL_TYPE", "HEAD_WEIGHTS", "build_eagle_head", "eagle_head_model", "write_eagle_head"]
+
+EAGLE_MODEL_TYPE = "eagle"
+_LAYER = "layers.0."
+#: every weight a head needs, as float32 arrays laid out for MatMul (x @ W, so projections are [in, out])
+HEAD_WEIGHTS = (
+    "embed_tokens",  # [vocab, hidden], the target's
+    "fc",  # [2 * hidden, hidden]: concat(embedding, feature) -> hidden
+    "fc_bias",  # [hidden]
+    *(
+        _LAYER + name
+        for name in (
+            "input_norm",
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "post_attention_norm",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        )
+    ),
+    "final_norm",  # [hidden], the target's
+    "lm_head",  # [hidden, vocab], the target's
+)
+_SHARED = ("embed_tokens", "final_norm", "lm_head")
+
+
+def build_eagle_head(
+    path: str | Path,
+    target_dir: str | Path,
+    *,
+    seed: int = 0,
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    tree_inputs: bool = False,
+    copy_layer: int | None = None,
+) -> Path:
+    """Write a random-weight EAGLE-1 head for the target folder ``target_dir`` (a genai-layout model written by
+    :func:`~decoctl.testing.build_genai_model`, whose initializers it reads the shared weights from).
+
+    The head's own weights (fc and the decoder layer) are drawn from ``seed``; heads default to the target's.
+    ``copy_layer=j`` instead makes a head that imitates a target: fc passes the token embedding through and
+    ignores the features, and the layer is the target's layer j, so for a one-layer target the head computes
+    the target's own next-token distribution over its window (all tokens but the first): it agrees with the
+    target most of the time, without being exact, which makes acceptance visible in tests.
+
+    :returns: the head's folder (model.onnx, genai_config.json, the target's tokenizer files).
+    """
+    target = Path(target_dir)
+    decoder = json.loads((target / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
+    stored = {
+        tensor.name.removeprefix("model."): numpy_helper.to_array(tensor)
+        for tensor in onnx.load_model(str(target / decoder.get("filename", "model.onnx"))).graph.initializer
+    }
+    weights = {name: stored[name] for name in _SHARED}
+    hidden = weights["embed_tokens"].shape[1]
+    if copy_layer is not None:
+        prefix = f"layers.{copy_layer}."
+        if prefix + "q_proj" not in stored:
+            raise ValueError(f"copy_layer={copy_layer}: the target has no decoder layer {copy_layer}")
+        weights |= {_LAYER + key.removeprefix(prefix): value for key, value in stored.items() if key.startswith(prefix)}
+        weights["fc"] = np.concatenate([np.eye(hidden), np.zeros((hidden, hidden))]).astype(np.float32)
+        weights["fc_bias"] = np.zeros(hidden, np.float32)
+        num_heads, num_kv_heads = decoder["num_attention_heads"], decoder["num_key_value_heads"]
+    heads = int(num_heads or decoder["num_attention_heads"])
+    kv_heads = int(num_kv_heads or decoder.get("num_key_value_heads", heads))
+    if copy_layer is None:
+        weights |= _random_head_weights(hidden, heads, kv_heads, seed)
+    return write_eagle_head(path, weights, target, num_heads=heads, num_kv_heads=kv_heads, tree_inputs=tree_inputs)
+
+
+def write_eagle_head(
+    path: str | Path,
+    weights: Mapping[str, np.ndarray],
+    target_dir: str | Path,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    tree_inputs: bool = False,
+    max_length: int | None = None,
+) -> Path:
+    """Write an EAGLE-1 head folder from its weights (every name in :data:`HEAD_WEIGHTS`).
+
+    ``target_dir``: the target's genai-layout folder; the head copies its tokenizer files, special token ids
+    and context length, so that the loader treats it like any other role of that target.
+    :returns: the folder.
+    """
+    target = Path(target_dir)
+    model = json.loads((target / "genai_config.json").read_text(encoding="utf-8"))["model"]
+    length = int(max_length or model["context_length"])
+    graph = eagle_head_model(
+        weights, num_heads=num_heads, num_kv_heads=num_kv_heads, max_length=length, tree_inputs=tree_inputs
+    )
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(graph, str(folder / "model.onnx"))
+    vocab, hidden = weights["embed_tokens"].shape
+    dims = _Dims(1, hidden, num_heads, num_kv_heads, vocab, length)
+    config = _genai_config(dims, model["eos_token_id"], tree_inputs)
+    config["model"] |= {
+        "type": EAGLE_MODEL_TYPE,
+        "bos_token_id": model.get("bos_token_id"),
+        "pad_token_id": model.get("pad_token_id"),
+    }
+    config["model"]["decoder"]["inputs"] = {"input_ids": "input_ids", FEATURES: FEATURES} | config["model"]["decoder"][
+        "inputs"
+    ]
+    _write_json(folder / "genai_config.json", config)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (target / name).is_file():
+            shutil.copyfile(target / name, folder / name)
+    return folder
+
+
+def eagle_head_model(
+    weights: Mapping[str, np.ndarray], *, num_heads: int, num_kv_heads: int, max_length: int, tree_inputs: bool = False
+) -> onnx.ModelProto:
+    """The head's graph (see the module docstring) with the weights as initializers.
+
+    Inputs: ``input_ids`` int64[batch_size, sequence_length] (the shifted tokens), ``target_hidden_states``
+    float32[batch_size, sequence_length, hidden], ``attention_mask`` int64[batch_size, total_sequence_length],
+    ``past_key_values.0.key`` / ``.value`` float32[batch_size, num_kv_heads, past_sequence_length, head_size]
+    (with ``tree_inputs`` also ``position_ids`` and ``attention_bias``, as the target's). Outputs: ``logits``
+    float32[batch_size, sequence_length, vocab], ``hidden_states`` float32[batch_size, sequence_length, hidden]
+    (the predicted next features), ``present.0.key`` / ``.value``.
+    """
+    missing = [name for name in HEAD_WEIGHTS if name not in weights]
+    if missing:
+        raise ValueError(f"an EAGLE head needs the weights {missing}")
+    vocab, hidden = weights["embed_tokens"].shape
+    expected = {"fc": (2 * hidden, hidden), "fc_bias": (hidden,), "final_norm": (hidden,), "lm_head": (hidden, vocab)}
+    wrong = {name: weights[name].shape for name, shape in expected.items() if weights[name].shape != shape}
+    if wrong:
+        raise ValueError(f"head weights {wrong} do not fit hidden={hidden}, vocab={vocab}: expected {expected}")
+    dims = _Dims(1, hidden, num_heads, num_kv_heads, vocab, max_length)
+    dims.check()
+    g = _Graph({name: np.asarray(value, np.float32) for name, value in weights.items()})
+    seqlens_k, total_length = _gqa_lengths(g)
+    cos_table, sin_table = _rotary_tables(dims)
+    cos, sin = g.tensor("cos_cache", cos_table), g.tensor("sin_cache", sin_table)
+    tree = ("position_ids", "attention_bias") if tree_inputs else ()
+    attention = _gqa_attention(g, dims, [seqlens_k, total_length, cos, sin, *tree])
+    joined = g.op("Concat", [_embed(g), FEATURES], "/eagle/Concat", axis=-1)
+    x = g.op("Add", [g.matmul(joined, "fc", "/eagle/fc/MatMul"), g.weight("fc_bias")], "/eagle/fc/Add")
+    residuals = _decoder_layers(g, dims, x, attention, fused=True)
+    _lm_head(g, residuals[-1], fused=True, hidden_states=True, last_only=False)
+    inputs = _genai_inputs(dims, tree_inputs)
+    inputs.insert(1, _value(FEATURES, _FLOAT, ["batch_size", "sequence_length", hidden]))
+    return g.model(inputs, _genai_outputs(dims, True, (), False))
+
+
+def _random_head_weights(hidden: int, heads: int, kv_heads: int, seed: int) -> dict[str, np.ndarray]:
+    """fc and one decoder layer, scaled as the testing targets' weights (unit-variance activations)."""
+    rng = np.random.default_rng(seed)
+    head_size = hidden // heads
+    q_width, kv_width, inner = heads * head_size, kv_heads * head_size, 2 * hidden
+
+    def normal(shape: tuple[int, ...], std: float) -> np.ndarray:
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    return {
+        "fc": normal((2 * hidden, hidden), (2 * hidden) ** -0.5),
+        "fc_bias": normal((hidden,), 0.02),
+        _LAYER + "input_norm": 1.0 + normal((hidden,), 0.1),
+        _LAYER + "q_proj": normal((hidden, q_width), hidden**-0.5),
+        _LAYER + "k_proj": normal((hidden, kv_width), hidden**-0.5),
+        _LAYER + "v_proj": normal((hidden, kv_width), hidden**-0.5),
+        _LAYER + "o_proj": normal((q_width, hidden), q_width**-0.5),
+        _LAYER + "post_attention_norm": 1.0 + normal((hidden,), 0.1),
+        _LAYER + "gate_proj": normal((hidden, inner), hidden**-0.5),
+        _LAYER + "up_proj": normal((hidden, inner), hidden**-0.5),
+        _LAYER + "down_proj": normal((inner, hidden), inner**-0.5),
+    }
