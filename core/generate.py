@@ -19,7 +19,8 @@ import structlog
 
 from decoctl.controllers import Controller
 from decoctl.errors import CapabilityError, ConfigError, ControllerError, DecoctlError, GenerationError
-from decoctl.host import Host, Sequence
+from decoctl.host import TREE_TRANSFORM_HINT, Host, Sequence
+from decoctl.model.capabilities import FEATURES
 from decoctl.model.loader import LoadedModel, load_model
 from decoctl.output import Output, StopRules
 from decoctl.plugins import PluginRegistry
@@ -32,6 +33,19 @@ __all__ = ["GenerationResult", "GenerationStats", "Generator", "generate", "stre
 log = structlog.get_logger(__name__)
 
 MIN_KV_LENGTH = 256
+
+#: how a model gains each capability a controller may require
+CAPABILITY_FIXES = {
+    "hidden_states": "export it with onnxruntime-genai's builder option include_hidden_states=1",
+    "aux_hidden_states": "export it with the builder options include_hidden_states=1 and aux_hidden_state_layers",
+    "logits_all_positions": "re-export it with logits for every position",
+    "position_ids": "re-export it with a position_ids input",
+    "tree": TREE_TRANSFORM_HINT,
+    "features": (
+        f"give a draft head whose graph takes the target's features as its {FEATURES} input "
+        "(tools/export_eagle.py writes one)"
+    ),
+}
 
 
 @attrs.frozen(kw_only=True)
@@ -106,6 +120,8 @@ class Generator:
         self.registry = registry or PluginRegistry()
         self.spec: ControllerSpec = resolve_controller(controller, self.registry)
         self.options = parse_options(f"controller {self.spec.name!r}", self.spec.options, options or {})
+        if self.spec.check_options is not None:
+            self.spec.check_options(self.options)
         self.chain: ProcessorChain = parse_processor_chain(processors, self.registry)
         self.processors_text = processors
         if prefill_chunk is not None and prefill_chunk < 1:
@@ -152,12 +168,13 @@ class Generator:
                     f"(model {target.name}, vocabulary {target.spec.vocab_size}) have different vocabularies: "
                     "every role must share the target's tokenizer"
                 )
-            needed = self.spec.capabilities.get(role, ())
+            needed = self.spec.active_capabilities(self.options).get(role, ())
             lacking = [c for c in needed if c not in model.capabilities.names()]
             if lacking:
+                fixes = "; ".join(CAPABILITY_FIXES.get(c, f"export the model with {c}") for c in lacking)
                 raise CapabilityError(
                     f"controller {self.spec.name!r} needs {lacking} on role {role!r}, which model {model.name} "
-                    f"lacks (it has {list(model.capabilities.names())}): export the model with those outputs"
+                    f"lacks (it has {list(model.capabilities.names())}): {fixes}"
                 )
 
     def _sequence(self, role: str, length: int) -> Sequence:

@@ -79,7 +79,10 @@ class ControllerSpec:
     library speaking the C ABI, with ``symbol`` the controller's name inside it). ``roles``: every role it
     may drive ("target" first); ``roles_for(options) -> tuple`` narrows them when the options decide (a
     prompt-lookup drafter needs no draft model). ``capabilities``: role -> capability names it needs (see
-    Capabilities.names()). ``plugin`` is stamped by the plugin manager.
+    Capabilities.names()); ``capabilities_for(options) -> Mapping`` replaces them when the options decide (tree
+    drafting needs tree inputs, chain drafting does not). ``check_options(options)`` raises ConfigError for
+    combinations of option values the schema cannot express; it runs when a Generator is built, before any
+    model loads. ``plugin`` is stamped by the plugin manager.
     """
 
     name: str = attrs.field(converter=normalise_name)
@@ -92,6 +95,8 @@ class ControllerSpec:
     #: extra KV positions a forward may need beyond the committed tokens (drafts, a lookahead window)
     scratch_for: Callable[[dict[str, Any]], int] | None = None
     capabilities: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    capabilities_for: Callable[[dict[str, Any]], Mapping[str, tuple[str, ...]]] | None = None
+    check_options: Callable[[dict[str, Any]], None] | None = None
     options: tuple[Option, ...] = ()
     plugin: str = ""
 
@@ -102,6 +107,10 @@ class ControllerSpec:
     def active_roles(self, options: dict[str, Any]) -> tuple[str, ...]:
         """The roles a generation with these (parsed) options uses."""
         return self.roles if self.roles_for is None else tuple(self.roles_for(options))
+
+    def active_capabilities(self, options: dict[str, Any]) -> Mapping[str, tuple[str, ...]]:
+        """Role -> the capabilities a generation with these (parsed) options needs."""
+        return self.capabilities if self.capabilities_for is None else self.capabilities_for(options)
 
     def __attrs_post_init__(self) -> None:
         if (self.factory is None) == (self.library is None):

@@ -1,0 +1,386 @@
+"""EAGLE decoding (Li, Wei, Zhang, Zhang: EAGLE, ICML 2024; EAGLE-2, EMNLP 2024) over host primitives only.
+
+Roles: "target" (with a hidden_states output) and "eagle", a draft head whose graph takes the target's features as
+its extra input ``target_hidden_states`` (decoctl.testing.build_eagle_head; tools/export_eagle.py for a trained one).
+
+Alignment. Head position i holds the pair (f_i, x_{i+1}): the target's feature at position i (its final hidden
+state, the lm_head's input) and the token after it. From it the head predicts the next feature f_{i+1}' (its
+hidden_states output) and, through the target's final norm and lm_head, the token x_{i+2}.
+
+Invariant between steps, for a context c_0..c_{L-1} (prompt plus committed tokens): the target's KV cache holds
+c_0..c_{L-2}; the last token, the *pending* one, is fed with the next drafts. The head holds the pairs of positions
+0..L-2, every one built from the target's own features, never from the head's guesses; its last row (the *root*)
+predicts c_L, and its predicted feature f_{L-1}' is where drafting starts.
+
+One step:
+1. Draft from the root. Chain: K tokens, each further one from the head fed (the predicted feature, the drafted
+   token) at the next position. Tree (EAGLE-2): the root's top-k tokens are depth 1; at each further depth the head
+   is fed the k best candidates of the newest depth (by the cumulative log-probability of their paths) as an
+   extension of its own token tree, each with its parent's predicted feature, and the top-k children of each
+   become candidates; after D depths the N best candidates form the draft tree.
+2. Verify with ONE target forward over the pending token and the drafts (a chain, or the tree with tree=parents):
+   the rows, processed with each node's own prefix, give the accepted path and one more token (below).
+3. Commit; keep the target's accepted path (rewind after a chain, keep(path) after a tree); rewind the head to its
+   synced length and feed it the accepted pairs: the target's true features at the pending token and at each
+   accepted draft, each with the token after it. That is m + 1 rows in one head forward, whose last row is the
+   next root: whatever the head guessed while drafting is dropped.
+
+Acceptance (lossless): greedy takes the target's argmax wherever it is. Sampling a chain, the drafts are drawn from
+the head's q: speculative sampling (accept with min(1, p/q), residual norm(max(0, p - q))). Sampling a tree, the
+tree is chosen deterministically (top-k, no randomness), so each child is a point-mass proposal: the children are
+tried in turn with the point-mass rule (see acceptance.choose_child). Every committed token is distributed as the
+target's (processed) distribution.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from decoctl import ConfigError, Host, Option, Sequence
+from decoctl_eagle.acceptance import (
+    accept_chain_greedy,
+    accept_chain_sampled,
+    choose_child,
+    draw,
+    log_probabilities,
+    probabilities,
+)
+from decoctl_eagle.drafts import Candidates, DraftTree
+
+__all__ = ["HEAD", "OPTIONS", "Eagle", "capabilities_for", "check_options", "scratch_for"]
+
+#: the role of the draft head
+HEAD = "eagle"
+DRAFTING = ("tree", "chain")
+
+OPTIONS = (
+    Option(
+        name="drafting",
+        type="str",
+        default="tree",
+        choices=DRAFTING,
+        help="tree: EAGLE-2 dynamic tree verified in one tree forward (needs tree inputs); chain: K tokens",
+    ),
+    Option(name="k", type="int", default=5, minimum=1, maximum=64, help="chain: tokens drafted per step"),
+    Option(name="depth", type="int", default=5, minimum=1, maximum=32, help="tree: draft depth D"),
+    Option(
+        name="topk",
+        type="int",
+        default=4,
+        minimum=1,
+        maximum=32,
+        help="tree: children proposed per expanded node, and nodes expanded per depth",
+    ),
+    Option(
+        name="nodes", type="int", default=16, minimum=1, maximum=256, help="tree: N, the best drafted tokens verified"
+    ),
+    Option(name="sampling", type="bool", default=False, help="sample (lossless) instead of greedy"),
+    Option(name="temperature", type="float", default=1.0, minimum=1e-6, help="sampling temperature"),
+)
+
+
+def capabilities_for(options: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Both roles need their hidden states (the target's are the features, the head's the predicted ones) and a
+    row per fed token; tree drafting needs tree inputs on both (the head grows its own tree)."""
+    tree = ("tree",) if options["drafting"] == "tree" else ()
+    return {
+        "target": ("hidden_states", "logits_all_positions", *tree),
+        HEAD: ("features", "hidden_states", "logits_all_positions", *tree),
+    }
+
+
+def check_options(options: dict[str, Any]) -> None:
+    if options["drafting"] != "tree":
+        return
+    most = _tree_capacity(options["depth"], options["topk"])
+    if options["nodes"] > most:
+        raise ConfigError(
+            f"eagle option nodes={options['nodes']} is more than the {most} candidates a tree of depth="
+            f"{options['depth']} and topk={options['topk']} drafts: lower nodes or raise depth or topk"
+        )
+
+
+def scratch_for(options: dict[str, Any]) -> int:
+    """KV positions beyond the committed tokens: the verified drafts plus the pending token on the target, and
+    the head's drafting positions."""
+    if options["drafting"] == "chain":
+        return options["k"] + 1
+    return max(options["nodes"], (options["depth"] - 1) * options["topk"]) + 1
+
+
+def _tree_capacity(depth: int, topk: int) -> int:
+    """Candidates a tree drafts: topk at depth 1, topk * topk at every further depth."""
+    return topk + (depth - 1) * topk * topk
+
+
+class Eagle:
+    """Draft with the EAGLE head (a chain, or an EAGLE-2 dynamic tree), verify in one target forward; lossless."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        check_options(options)
+        self.tree = options["drafting"] == "tree"
+        self.k = int(options["k"])
+        self.depth = int(options["depth"])
+        self.topk = int(options["topk"])
+        self.nodes = int(options["nodes"])
+        self.sampling = bool(options["sampling"])
+        self.temperature = float(options["temperature"])
+        self._reset()
+
+    def _reset(self) -> None:
+        self._root: tuple[np.ndarray, np.ndarray] | None = None
+        self._synced = 0
+        self.steps = self.drafted = self.accepted = self.committed = 0
+        self.head_forwards = 0
+        self.head_seconds = self.target_seconds = self.draft_seconds = self.verify_seconds = 0.0
+        self.prompt_head_seconds = 0.0
+        self.largest_tree = 0
+        #: target forwards by tokens fed (chains) and by nodes (trees), for the bench's ideal-speedup model
+        self.verify_sizes: dict[int, int] = {}
+        self.tree_verify_sizes: dict[int, int] = {}
+
+    # -- set-up -----------------------------------------------------------------------------------------------
+    def start(self, host: Host) -> None:
+        self._reset()
+        target, head = host.target, host[HEAD]
+        prompt = host.prompt_tokens
+        features = np.array(target.hidden_states())
+        if head.feature_size != features.shape[1]:
+            raise ConfigError(
+                f"the eagle head (model {head.model.name}) takes features of width {head.feature_size}, but the "
+                f"target (model {target.model.name}) has hidden states of width {features.shape[1]}: the head was "
+                "trained for another target; train and export one for this target (tools/train_eagle.py, "
+                "tools/export_eagle.py)"
+            )
+        if len(features) < len(prompt):
+            # a chunked prefill keeps the last chunk's hidden states only: run the prompt again for the rest
+            features = self._prompt_features(host)
+            host.trace["eagle_prompt_refed"] = True
+        target.rewind(len(prompt) - 1)
+        self._pending = int(prompt[-1])
+        head.rewind(0)
+        if len(prompt) > 1:
+            self._sync_head(host, prompt[1:], features[:-1], chunk=host.prefill_chunk)
+        # the counters cover decoding, as the generation's per-role stats do; the prompt's head work apart
+        self.prompt_head_seconds, self.head_seconds, self.head_forwards = self.head_seconds, 0.0, 0
+        host.trace["drafting"] = "eagle-2 dynamic tree" if self.tree else "eagle chain"
+        host.trace["acceptance"] = self._mode()
+
+    def _prompt_features(self, host: Host) -> np.ndarray:
+        target = host.target
+        prompt = host.prompt_tokens
+        chunk = host.prefill_chunk or len(prompt)
+        target.rewind(0)
+        rows = []
+        for begin in range(0, len(prompt), chunk):
+            target.forward(prompt[begin : begin + chunk])
+            rows.append(np.array(target.hidden_states()))
+        return np.concatenate(rows)
+
+    def _mode(self) -> str:
+        if not self.sampling:
+            return "greedy-exact-match"
+        return "point-mass-rejection over tree children" if self.tree else "speculative-sampling (min(1, p/q))"
+
+    # -- one step -----------------------------------------------------------------------------------------------
+    def step(self, host: Host) -> None:
+        target = host.target
+        base = target.length
+        # drafts beyond the pending token: no more than the output still takes, nor than the KV cache holds
+        room = min(host.remaining - 1, target.max_length - base - 1)
+        began = time.perf_counter()
+        if self.tree:
+            tree = self._draft_tree(host, room)
+        else:
+            drafts, q = self._draft_chain(host, room)
+        verifying = time.perf_counter()
+        self.draft_seconds += verifying - began
+        if self.tree:
+            path, following = self._verify_tree(host, tree)
+            tokens = [tree.tokens[node] for node in path]
+            nodes = [0, *path]
+        else:
+            accepted, following = self._verify_chain(host, drafts, q)
+            tokens = drafts[:accepted]
+            nodes = list(range(accepted + 1))
+        # copied before the target moves on: the true features at the pending token and every accepted draft
+        features = np.array(target.hidden_states()[nodes])
+        self.verify_seconds += time.perf_counter() - verifying
+        self.steps += 1
+        self.accepted += len(tokens)
+        new = [*tokens, following]
+        self.committed += host.commit(new)
+        if host.done:
+            return
+        if self.tree:
+            target.keep(nodes)
+        else:
+            target.rewind(base + len(nodes))
+        self._sync_head(host, new, features)
+        self._pending = following
+
+    # -- drafting -------------------------------------------------------------------------------------------------
+    def _draft_chain(self, host: Host, room: int) -> tuple[list[int], np.ndarray | None]:
+        """Up to k tokens and, when sampling, the float64[k, vocab] distributions they were drawn from."""
+        head = host[HEAD]
+        k = min(self.k, room, head.max_length - head.length + 1)
+        if self._root is None or k < 1:
+            return [], None
+        row, feature = self._root
+        drafts: list[int] = []
+        qs: list[np.ndarray] = []
+        for index in range(k):
+            processed = host.process(row[None, :], paths=[list(drafts)])
+            if self.sampling:
+                q = probabilities(processed, self.temperature)[0]
+                token = draw(q, host.rng)
+                qs.append(q)
+            else:
+                token = int(np.argmax(processed[0]))
+            drafts.append(token)
+            if index + 1 < k:
+                row = self._head_forward(head, [token], feature[None, :])[-1]
+                feature = head.hidden_states()[-1]
+        return drafts, (np.stack(qs) if self.sampling else None)
+
+    def _draft_tree(self, host: Host, room: int) -> DraftTree:
+        head = host[HEAD]
+        pending = self._pending
+        nodes = min(self.nodes, room)
+        if self._root is None or nodes < 1:
+            return Candidates().tree(pending, 0)
+        depth = min(self.depth, room, (head.max_length - head.length) // self.topk + 1)
+        temperature = self.temperature if self.sampling else 1.0
+        row, root_feature = self._root
+        candidates = Candidates()
+        log_probs = log_probabilities(host.process(row[None, :], paths=[[]]), temperature)[0]
+        frontier = candidates.expand(-1, log_probs, self.topk)
+        predicted: dict[int, np.ndarray] = {}  # candidate -> the head's predicted feature after it
+        place: dict[int, int] = {}  # candidate -> its index in the head's pending tree
+        for _ in range(1, depth):
+            if not frontier:
+                break
+            parents = [candidates.parents[c] for c in frontier]
+            features = np.stack([root_feature if p < 0 else predicted[p] for p in parents])
+            rows = self._head_forward(
+                head,
+                [candidates.tokens[c] for c in frontier],
+                features,
+                tree=[-1 if p < 0 else place[p] for p in parents],
+            )
+            hidden = head.hidden_states()
+            for index, c in enumerate(frontier):
+                place[c] = len(place)
+                predicted[c] = np.array(hidden[index])
+            processed = host.process(rows, paths=[list(candidates.paths[c]) for c in frontier])
+            grown = [
+                child
+                for index, c in enumerate(frontier)
+                for child in candidates.expand(
+                    c, log_probabilities(processed[index : index + 1], temperature)[0], self.topk
+                )
+            ]
+            frontier = candidates.best(grown, self.topk)
+        return candidates.tree(pending, nodes)
+
+    def _head_forward(
+        self, head: Sequence, tokens: list[int], features: np.ndarray, tree: list[int] | None = None
+    ) -> np.ndarray:
+        began = time.perf_counter()
+        rows = head.forward(tokens, tree, features=features)
+        self.head_seconds += time.perf_counter() - began
+        self.head_forwards += 1
+        return rows
+
+    # -- verification ---------------------------------------------------------------------------------------------
+    def _target_forward(self, target: Sequence, tokens: list[int], tree: list[int] | None = None) -> np.ndarray:
+        began = time.perf_counter()
+        rows = target.forward(tokens, tree)
+        self.target_seconds += time.perf_counter() - began
+        return rows
+
+    def _verify_chain(self, host: Host, drafts: list[int], q: np.ndarray | None) -> tuple[int, int]:
+        rows = host.process(self._target_forward(host.target, [self._pending, *drafts]), drafts)
+        self._count(self.verify_sizes, len(drafts) + 1)
+        self.drafted += len(drafts)
+        if not self.sampling:
+            return accept_chain_greedy(rows, drafts)
+        p = probabilities(rows, self.temperature)
+        if q is None:  # nothing drafted: plain sampling from the pending token's row
+            return 0, draw(p[0], host.rng)
+        return accept_chain_sampled(p, q, drafts, host.rng)
+
+    def _verify_tree(self, host: Host, tree: DraftTree) -> tuple[list[int], int]:
+        """Returns the accepted nodes (root excluded) and the token after them."""
+        target = host.target
+        if tree.size == 1:
+            rows = self._target_forward(target, list(tree.tokens))
+            self._count(self.verify_sizes, 1)
+        else:
+            rows = self._target_forward(target, list(tree.tokens), list(tree.parents))
+            self._count(self.tree_verify_sizes, tree.size)
+        self.drafted += tree.size - 1
+        self.largest_tree = max(self.largest_tree, tree.size)
+        processed = host.process(rows, paths=[list(p) for p in tree.paths])
+        node, path = 0, []
+        while True:
+            children = tree.children[node]
+            if self.sampling:
+                p = probabilities(processed[node : node + 1], self.temperature)[0]
+                place, token = choose_child(p, [tree.tokens[c] for c in children], host.rng)
+                child = None if place is None else children[place]
+            else:
+                token = int(np.argmax(processed[node]))
+                child = next((c for c in children if tree.tokens[c] == token), None)
+            if child is None:
+                return path, token
+            path.append(child)
+            node = child
+
+    # -- the head ----------------------------------------------------------------------------------------------
+    def _sync_head(self, host: Host, tokens: Any, features: np.ndarray, chunk: int | None = None) -> None:
+        """Drop what the head guessed since its last sync and feed it pairs of true features and the tokens after
+        them; its last row becomes the next root."""
+        head = host[HEAD]
+        head.rewind(self._synced)
+        step = chunk or len(tokens)
+        for begin in range(0, len(tokens), step):
+            self._head_forward(head, list(tokens[begin : begin + step]), features[begin : begin + step])
+        self._synced = head.length
+        predicted = head.hidden_states()[-1]
+        if predicted.shape[0] != features.shape[1]:
+            raise ConfigError(
+                f"the eagle head (model {head.model.name}) predicts features of width {predicted.shape[0]} but takes "
+                f"width {features.shape[1]}: its hidden_states output must be the target's feature space; re-export "
+                "the head (tools/export_eagle.py)"
+            )
+        self._root = (np.array(head.logits()[-1]), np.array(predicted))
+
+    @staticmethod
+    def _count(sizes: dict[int, int], size: int) -> None:
+        sizes[size] = sizes.get(size, 0) + 1
+
+    def stats(self) -> dict[str, Any]:
+        steps = self.steps
+        return {
+            "drafting": "tree" if self.tree else "chain",
+            "steps": steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            "tau": self.committed / steps if steps else 0.0,
+            "mean_drafted_per_step": self.drafted / steps if steps else 0.0,
+            "largest_tree": self.largest_tree,
+            "head_forwards": self.head_forwards,
+            "head_seconds": self.head_seconds,
+            "prompt_head_seconds": self.prompt_head_seconds,
+            "target_forwards": steps,
+            "target_seconds": self.target_seconds,
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+            "verify_sizes": dict(self.verify_sizes),
+            "tree_verify_sizes": dict(self.tree_verify_sizes),
+        }

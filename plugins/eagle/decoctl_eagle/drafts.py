@@ -1,0 +1,85 @@
+"""EAGLE-2's dynamic draft tree: candidates scored by the cumulative log-probability of their path.
+
+The head proposes the top-k children of a node from its row; a child's score is its parent's score plus the log of
+the head's probability for it, so scores only fall along a path. Growing the tree, the k best candidates of the
+newest depth are expanded next; at the end the N best candidates overall form the tree that is verified. Since a
+child never scores above its parent (ties go to the earlier, shallower candidate), the N best always include every
+ancestor of each one: the selection is a tree without any repair.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+__all__ = ["Candidates", "DraftTree"]
+
+
+@attrs.frozen(kw_only=True)
+class DraftTree:
+    """What one target forward verifies. Node 0 is the pending token; nodes 1..n are drafted tokens, parents before
+    children. ``parents[0]`` is -1; ``paths[i]`` the drafted tokens from node 0's child down to node i (empty for
+    node 0): the prefix node i's row is conditioned on; ``children[i]`` node i's children, best first."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    paths: tuple[tuple[int, ...], ...]
+    children: tuple[tuple[int, ...], ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+
+class Candidates:
+    """The drafted tokens of one step while the tree grows. Candidate c: ``tokens[c]``, ``parents[c]`` (another
+    candidate, or -1 for a child of the pending token), ``scores[c]`` (cumulative log-probability) and
+    ``paths[c]`` (the drafted tokens from depth 1 down to c)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.scores: list[float] = []
+        self.paths: list[tuple[int, ...]] = []
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def expand(self, parent: int, log_probs: np.ndarray, k: int) -> list[int]:
+        """Add the k most probable children of ``parent`` (-1: the pending token) from the head's float64[vocab]
+        log-probabilities; tokens of probability 0 are never drafted. Returns the new candidates."""
+        k = min(k, len(log_probs))
+        top = np.argpartition(-log_probs, k - 1)[:k]
+        top = top[np.argsort(-log_probs[top], kind="stable")]
+        base = 0.0 if parent < 0 else self.scores[parent]
+        prefix = () if parent < 0 else self.paths[parent]
+        added = []
+        for token in top.tolist():
+            if not np.isfinite(log_probs[token]):
+                break
+            added.append(len(self.tokens))
+            self.tokens.append(token)
+            self.parents.append(parent)
+            self.scores.append(base + float(log_probs[token]))
+            self.paths.append((*prefix, token))
+        return added
+
+    def best(self, among: list[int], k: int) -> list[int]:
+        """The k best of ``among`` by score, earlier candidates first on ties."""
+        return sorted(among, key=lambda c: (-self.scores[c], c))[:k]
+
+    def tree(self, pending: int, size: int) -> DraftTree:
+        """The ``size`` best candidates under the pending token, as a tree ordered by depth."""
+        chosen = sorted(self.best(list(range(len(self))), size), key=lambda c: (len(self.paths[c]), c))
+        node = {c: i + 1 for i, c in enumerate(chosen)}
+        parents = [-1] + [0 if self.parents[c] < 0 else node[self.parents[c]] for c in chosen]
+        children: list[list[int]] = [[] for _ in parents]
+        # best first: the order the point-mass rule tries them in (any order is exact; this one accepts most)
+        for c in sorted(chosen, key=lambda c: (-self.scores[c], c)):
+            children[parents[node[c]]].append(node[c])
+        return DraftTree(
+            tokens=(pending, *(self.tokens[c] for c in chosen)),
+            parents=tuple(parents),
+            paths=((), *(self.paths[c] for c in chosen)),
+            children=tuple(tuple(c) for c in children),
+        )
