@@ -87,15 +87,18 @@ def build_eagle_head(
     num_kv_heads: int | None = None,
     tree_inputs: bool = False,
     copy_layer: int | None = None,
+    feature_mix: float = 0.0,
 ) -> Path:
     """Write a random-weight EAGLE-1 head for the target folder ``target_dir`` (a genai-layout model written by
     :func:`~decoctl.testing.build_genai_model`, whose initializers it reads the shared weights from).
 
     The head's own weights (fc and the decoder layer) are drawn from ``seed``; heads default to the target's.
-    ``copy_layer=j`` instead makes a head that imitates a target: fc passes the token embedding through and
-    ignores the features, and the layer is the target's layer j, so for a one-layer target the head computes
-    the target's own next-token distribution over its window (all tokens but the first): it agrees with the
-    target most of the time, without being exact, which makes acceptance visible in tests.
+    ``copy_layer=j`` instead makes a head that imitates a target: fc passes the token embedding through, and the
+    layer is the target's layer j, so for a one-layer target the head computes the target's own next-token
+    distribution over its window (all tokens but the first): it agrees with the target most of the time, without
+    being exact, which makes acceptance visible in tests. ``feature_mix`` (copy_layer only) adds that much of a
+    random projection of the features to fc's output (0: the features are ignored), so that a wrong feature
+    shows in the head's output while it still mostly agrees with the target.
 
     :returns: the head's folder (model.onnx, genai_config.json, the target's tokenizer files).
     """
@@ -112,7 +115,8 @@ def build_eagle_head(
         if prefix + "q_proj" not in stored:
             raise ValueError(f"copy_layer={copy_layer}: the target has no decoder layer {copy_layer}")
         weights |= {_LAYER + key.removeprefix(prefix): value for key, value in stored.items() if key.startswith(prefix)}
-        weights["fc"] = np.concatenate([np.eye(hidden), np.zeros((hidden, hidden))]).astype(np.float32)
+        mix = np.random.default_rng(seed).standard_normal((hidden, hidden)) * feature_mix / hidden**0.5
+        weights["fc"] = np.concatenate([np.eye(hidden), mix]).astype(np.float32)
         weights["fc_bias"] = np.zeros(hidden, np.float32)
         num_heads, num_kv_heads = decoder["num_attention_heads"], decoder["num_key_value_heads"]
     heads = int(num_heads or decoder["num_attention_heads"])

@@ -33,7 +33,7 @@ def plain_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def mimic_head(target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_eagle_head(tmp_path_factory.mktemp("mimic"), target, copy_layer=0, tree_inputs=True)
+    return build_eagle_head(tmp_path_factory.mktemp("mimic"), target, copy_layer=0, feature_mix=0.1, tree_inputs=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,60 @@
+"""EAGLE-2's candidate scoring: the N best candidates always form a tree, ordered so parents come first."""
+
+from __future__ import annotations
+
+import numpy as np
+from decoctl_eagle.acceptance import log_probabilities
+from decoctl_eagle.drafts import Candidates, DraftTree
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+def grow(seed: int, depth: int, topk: int) -> Candidates:
+    """Candidates grown as the controller grows them, from random head rows over a vocabulary of 12."""
+    rng = np.random.default_rng(seed)
+    candidates = Candidates()
+    frontier = candidates.expand(-1, log_probabilities(rng.normal(size=(1, 12)) * 2, 1.0)[0], topk)
+    for _ in range(1, depth):
+        grown = [
+            child
+            for parent in frontier
+            for child in candidates.expand(parent, log_probabilities(rng.normal(size=(1, 12)) * 2, 1.0)[0], topk)
+        ]
+        frontier = candidates.best(grown, topk)
+    return candidates
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), depth=st.integers(1, 5), topk=st.integers(1, 4), size=st.integers(0, 40))
+def test_the_best_candidates_form_a_tree_in_feed_order(seed: int, depth: int, topk: int, size: int) -> None:
+    candidates = grow(seed, depth, topk)
+    tree = candidates.tree(pending=99, size=size)
+    assert tree.size == 1 + min(size, len(candidates))
+    assert tree.tokens[0] == 99 and tree.parents[0] == -1
+    for node in range(1, tree.size):
+        parent = tree.parents[node]
+        assert 0 <= parent < node
+        assert tree.paths[node] == (*tree.paths[parent], tree.tokens[node])
+        assert node in tree.children[parent]
+    chosen_scores = sorted(candidates.scores, reverse=True)[: tree.size - 1]
+    assert sorted(_scores(candidates, tree), reverse=True) == chosen_scores
+
+
+def _scores(candidates: Candidates, tree: DraftTree) -> list[float]:
+    by_path = dict(zip(candidates.paths, candidates.scores, strict=True))
+    return [by_path[path] for path in tree.paths[1:]]
+
+
+def test_children_are_listed_best_first_and_improbable_tokens_never_drafted() -> None:
+    candidates = Candidates()
+    with np.errstate(divide="ignore"):
+        root, below = np.log([0.1, 0.6, 0.0, 0.3]), np.log([0.7, 0.2, 0.1, 0.0])
+    added = candidates.expand(-1, root, 4)
+    assert [candidates.tokens[c] for c in added] == [1, 3, 0]  # token 2 has probability 0
+    assert [candidates.tokens[c] for c in candidates.expand(added[0], below, 2)] == [0, 1]
+    assert np.isclose(candidates.scores[3], np.log(0.6 * 0.7))
+    # scores: 1 (0.6), 1->0 (0.42), 3 (0.3), 1->1 (0.12), 0 (0.1): the best three, by depth
+    tree = candidates.tree(pending=7, size=3)
+    assert (tree.tokens, tree.parents) == ((7, 1, 3, 0), (-1, 0, 0, 1))
+    assert tree.children == ((1, 2), (3,), (), ())
+    assert tree.paths == ((), (1,), (3,), (1, 0))

@@ -1,0 +1,171 @@
+"""Sampling EAGLE keeps the target's distribution: chi-square goodness-of-fit tests with fixed seeds.
+
+Chains are drafted from the head's q and verified by speculative sampling (min(1, p/q), residual
+norm(max(0, p - q))); trees are chosen deterministically and verified by the point-mass rule over each node's
+children. Both are checked on the rules alone (20,000 draws from random distributions) and end to end on the
+first two tokens of 2,500 seeded generations, with and without a prefix-dependent logits processor.
+
+Power: every test also runs the same statistic against a plausible wrong answer and requires it to be rejected at
+p < 1e-3: a residual that is not norm(max(0, p - q)), a point-mass rule that does not renormalise after a
+refusal, and verification that ignores the temperature (1.0 instead of 1.3 for chains, of 0.6 for trees: the
+point-mass rule accepts a child with the target's own probability, so the trees are checked where the target is
+confident enough that about half of the generations accept a drafted token). Those differ from the right
+distribution by a total variation of about 0.05-0.1 or more; at these sample sizes the statistic rejects them
+every time, so a pass is evidence, not luck.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from decoctl_eagle import acceptance
+
+from decoctl import Generator, ProcessorSpec, hookimpl
+from decoctl.plugins import PluginRegistry
+from decoctl.testing import EOS_TOKEN_ID
+from decoctl.testing.distributions import chi_square_p, exact_two_token_marginals, sample_two_tokens
+
+ALPHA = 1e-3
+DRAWS = 20_000
+REPETITIVE = "x = [i * i for i in range(10)]\nx = [i * i for i in range(10)]\nx = ["
+
+
+def random_distributions(rng: np.random.Generator, rows: int, vocab: int) -> np.ndarray:
+    weights = rng.gamma(0.6, size=(rows, vocab))
+    return weights / weights.sum(axis=1, keepdims=True)
+
+
+def first_tokens_of_chain(rule: Any, seed: int) -> tuple[Counter[int], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    p, q = random_distributions(rng, 2, 8), random_distributions(rng, 1, 8)
+    counts: Counter[int] = Counter()
+    for _ in range(DRAWS):
+        draft = int(rng.choice(8, p=q[0]))
+        accepted, following = rule(p, q, [draft], rng)
+        counts[draft if accepted else following] += 1
+    return counts, p[0]
+
+
+def tokens_of_tree_node(rule: Any, seed: int) -> tuple[Counter[int], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    p = random_distributions(rng, 1, 8)[0]
+    children = [int(t) for t in np.argsort(-p)[:3]]  # the likeliest tokens, as a good head would propose them
+    counts: Counter[int] = Counter()
+    for _ in range(DRAWS):
+        counts[rule(p, children, rng)[1]] += 1
+    return counts, p
+
+
+def test_the_chain_rule_yields_the_target_distribution() -> None:
+    counts, p = first_tokens_of_chain(acceptance.accept_chain_sampled, seed=1)
+    assert chi_square_p(counts, dict(enumerate(p)), DRAWS) > ALPHA
+
+
+def test_the_statistic_rejects_a_chain_residual_that_is_not_p_minus_q() -> None:
+    def broken(p: np.ndarray, q: np.ndarray, drafts: list[int], rng: np.random.Generator) -> tuple[int, int]:
+        if rng.random() * q[0, drafts[0]] < p[0, drafts[0]]:
+            return 1, 0
+        return 0, acceptance.draw(p[0], rng)  # should be norm(max(0, p - q))
+
+    counts, p = first_tokens_of_chain(broken, seed=1)
+    assert chi_square_p(counts, dict(enumerate(p)), DRAWS) < ALPHA
+
+
+def test_the_point_mass_rule_over_several_children_yields_the_target_distribution() -> None:
+    counts, p = tokens_of_tree_node(acceptance.choose_child, seed=2)
+    assert chi_square_p(counts, dict(enumerate(p)), DRAWS) > ALPHA
+
+
+def test_the_statistic_rejects_a_point_mass_rule_that_does_not_renormalise() -> None:
+    def broken(p: np.ndarray, children: list[int], rng: np.random.Generator) -> tuple[int | None, int]:
+        residual = p.copy()
+        for place, token in enumerate(children):
+            if rng.random() < p[token]:  # should be the renormalised residual's probability
+                return place, token
+            residual[token] = 0.0
+        return None, acceptance.draw(residual, rng)
+
+    counts, p = tokens_of_tree_node(broken, seed=2)
+    assert chi_square_p(counts, dict(enumerate(p)), DRAWS) < ALPHA
+
+
+def test_a_point_mass_residual_takes_its_token_even_when_rounding_says_otherwise() -> None:
+    p = np.zeros(4)
+    p[2] = 1.0 - 1e-17  # rounds to a probability below one uniform draw in 1e16; the rest of p is 0
+    assert acceptance.choose_child(p, [1, 2], np.random.default_rng(0)) == (1, 2)
+
+
+class PenaliseSeen:
+    """Subtracts 1.5 from every token already in the row's prefix: prefix-dependent, so it checks that every
+    drafted and verified row is processed with its own prefix."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        del options
+
+    def __call__(self, rows: np.ndarray, context: Any) -> np.ndarray:
+        for index in range(len(rows)):
+            rows[index, np.unique(context.prefix(index))] -= 1.5
+        return rows
+
+    def commit(self, tokens: Any) -> None:
+        del tokens
+
+    def reset(self, prompt: Any) -> None:
+        del prompt
+
+
+def penalise_seen(row: np.ndarray, prefix: list[int]) -> np.ndarray:
+    row[np.unique(prefix)] -= 1.5
+    return row
+
+
+class ProcessorPlugin:
+    @hookimpl
+    def decoctl_logits_processors(self) -> list[ProcessorSpec]:
+        return [ProcessorSpec(name="penalise-seen", summary="test processor", factory=PenaliseSeen)]
+
+
+CHAIN = {"drafting": "chain", "k": 2, "temperature": 1.3}
+TREE = {"drafting": "tree", "depth": 2, "topk": 3, "nodes": 6, "temperature": 0.6}
+CASES = {
+    "chain drafted from q (min(1, p/q))": (CHAIN, "def fib(n):", False),
+    "chain drafted from q, with a processor chain": (CHAIN, "def fib(n):", True),
+    "tree (point-mass rule over children)": (TREE, REPETITIVE, False),
+    "tree, with a processor chain": (TREE, REPETITIVE, True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sampling_eagle_matches_plain_sampling_on_the_first_two_tokens(
+    case: str, target: Path, mimic_head: Path, registry: PluginRegistry
+) -> None:
+    options, prompt, processed = CASES[case]
+    registry.register(ProcessorPlugin(), "test-processors")
+    generator = Generator(
+        {"target": target, "eagle": mimic_head},
+        "eagle",
+        options={**options, "sampling": True},
+        processors="penalise-seen" if processed else None,
+        registry=registry,
+        threads=1,
+    )
+    trials = 2500
+    first, second = sample_two_tokens(generator, prompt, trials)
+    assert generator.last.stats.controller["drafted"] > 0
+    ids = generator.tokenizer.encode(prompt)
+
+    def exact(temperature: float) -> tuple[dict[int, float], dict[int, float]]:
+        process = penalise_seen if processed else None
+        return exact_two_token_marginals(
+            target, ids, temperature=temperature, eos_token_ids=(EOS_TOKEN_ID,), process=process
+        )
+
+    p1, p2 = exact(float(options["temperature"]))
+    assert chi_square_p(first, p1, trials) > ALPHA
+    assert chi_square_p(second, p2, trials) > ALPHA
+    wrong1, wrong2 = exact(1.0)
+    assert min(chi_square_p(first, wrong1, trials), chi_square_p(second, wrong2, trials)) < ALPHA
