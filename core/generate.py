@@ -19,7 +19,7 @@ import structlog
 
 from decoctl.controllers import Controller
 from decoctl.errors import CapabilityError, ConfigError, ControllerError, DecoctlError, GenerationError
-from decoctl.host import TREE_TRANSFORM_HINT, Host, Sequence
+from decoctl.host import TREE_TRANSFORM_HINT, Host, Sequence, role_flag
 from decoctl.model.capabilities import FEATURES
 from decoctl.model.loader import LoadedModel, load_model
 from decoctl.output import Output, StopRules
@@ -149,7 +149,7 @@ class Generator:
         if missing:
             raise ConfigError(
                 f"controller {self.spec.name!r} needs the role(s) {missing}: pass a model for each "
-                f"(e.g. --{missing[0]} PATH)"
+                f"(e.g. {role_flag(missing[0])})"
             )
         loaded: dict[str, LoadedModel] = {}
         for role in self.roles:

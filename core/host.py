@@ -32,6 +32,11 @@ __all__ = ["Host", "Sequence", "SequenceStats", "debug_default"]
 TREE_TRANSFORM_HINT = "run `decoctl models enable-tree SRC DST` to add position_ids and attention_bias inputs"
 
 
+def role_flag(role: str) -> str:
+    """How the command line gives a role its model (for error messages)."""
+    return "--draft PATH" if role == "draft" else f"--role {role}=PATH"
+
+
 def debug_default() -> bool:
     return os.environ.get("DECOCTL_DEBUG", "") not in ("", "0")
 
@@ -408,7 +413,7 @@ class Host:
         except KeyError:
             raise ConfigError(
                 f"role {name!r} was not given to this generation (roles: {sorted(self._roles)}): pass a model "
-                f"for it, e.g. --{name} PATH"
+                f"for it, e.g. {role_flag(name)}"
             ) from None
 
     __getitem__ = role

@@ -74,7 +74,7 @@ def test_tree_drafting_needs_tree_inputs_on_the_target_and_says_how_to_add_them(
 
 
 def test_a_missing_head_is_refused_naming_the_role(target: Path, registry: PluginRegistry) -> None:
-    with pytest.raises(ConfigError, match=r"needs the role\(s\) \['eagle'\].*--eagle PATH"):
+    with pytest.raises(ConfigError, match=r"needs the role\(s\) \['eagle'\].*--role eagle=PATH"):
         Generator({"target": target}, "eagle", registry=registry)
 
 
