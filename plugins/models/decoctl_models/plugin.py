@@ -13,9 +13,13 @@ from decoctl import ModelBundle, hookimpl
 HERE = Path(__file__).parent
 
 MODELS = {
-    "pycode": ("the demo target: 6 layers, hidden 384, trained on the CPython stdlib", {"draft": "pycode-draft"}),
+    "pycode": (
+        "the demo target: 6 layers, hidden 384, trained on the CPython stdlib",
+        {"draft": "pycode-draft", "eagle": "pycode-eagle"},
+    ),
     "pycode-small": ("a 4-layer, hidden-256 target for fast integration tests", {}),
     "pycode-draft": ("a 2-layer, hidden-128 draft distilled from pycode", {}),
+    "pycode-eagle": ("an EAGLE-1 draft head trained on pycode's features (tools/train_eagle.py)", {}),
 }
 
 
