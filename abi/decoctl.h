@@ -135,7 +135,8 @@ typedef struct decoctl_host {
     int32_t (*tokens)(void *host_data, decoctl_role *role, const int64_t **out_tokens, int64_t *out_n);
 
     /* 1 if the role's model has the named capability ("hidden_states", "aux_hidden_states", "tree",
-     * "logits_all_positions", ...), 0 if not, or a negative status. name: caller-owned, read during the call. */
+     * "logits_all_positions", "position_ids", "features"), 0 if not, or a negative status. name: caller-owned,
+     * read during the call. */
     int32_t (*has_capability)(void *host_data, decoctl_role *role, const char *name);
 
     /* ---- per generation ---------------------------------------------------------------------------------- */
