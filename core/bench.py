@@ -1,8 +1,9 @@
 """`decoctl bench`: contenders side by side in one process, interleaved, with equal thread settings.
 
-Each repeat runs every prompt through every contender in turn (so drift in machine load hits all alike), then
-one calibration pass of the target's verify-cost curve; tokens/s is the median over repeats of new tokens over
-decode seconds summed across prompts. Every contender's tokens are compared with the baseline's.
+Each repeat runs every prompt through every contender in turn, the order rotating from prompt to prompt (so drift
+in machine load and the cost of running first hit all alike), then one calibration pass of the target's verify-cost
+curve; tokens/s is the median over repeats of new tokens over decode seconds summed across prompts. Every
+contender's tokens are compared with the baseline's.
 
 Each contender also gets ``ideal_ratio``, the speedup over the baseline it would reach if the only costs were the
 model forwards it made (its measured forwards by size priced on the measured curve, plus its draft/head roles'
@@ -268,7 +269,8 @@ def run_contenders(
     warm: bool = True,
     calibrator: CostCalibrator | None = None,
 ) -> dict[str, list[list[Outcome]]]:
-    """outcomes[label][repeat][prompt], every repeat running all contenders on each prompt in turn.
+    """outcomes[label][repeat][prompt], every repeat running all contenders on each prompt in turn, in an order
+    that rotates from one prompt to the next.
 
     ``warm``: run warm_up() first; pass False when the caller has (to measure memory after it).
     ``calibrator``: after each repeat, one calibration pass over every forward size seen so far.
@@ -280,8 +282,11 @@ def run_contenders(
     for repeat in range(repeats):
         for label, _ in contenders:
             outcomes[label].append([])
-        for prompt, ids in zip(prompts, encoded, strict=True):
-            for label, contender in contenders:
+        for index, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
+            # the order rotates from one (repeat, prompt) to the next: running first after another contender
+            # measurably costs (caches, the previous session's memory traffic), so no contender always pays it
+            shift = (repeat * len(prompts) + index) % len(contenders)
+            for label, contender in (*contenders[shift:], *contenders[:shift]):
                 outcomes[label][repeat].append(contender.run(prompt, ids, max_new_tokens))
         if calibrator is not None:
             calibrate(calibrator, (o for runs in outcomes.values() for r in runs for o in r))
