@@ -37,6 +37,7 @@ from decoctl.bench_contenders import (
 from decoctl.bench_ideal import CostCalibrator, CostCurve, ideal_ratio
 from decoctl.errors import ConfigError
 from decoctl.generate import Generator
+from decoctl.model import huge_pages
 from decoctl.model.loader import default_threads
 from decoctl.plugins import PluginRegistry
 from decoctl.resolve import resolve_model
@@ -457,6 +458,8 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
         roles["draft"] = args.draft
     prompts = load_prompts(args.prompts)
     contenders = build_contenders(specs, model=args.model, roles=roles, threads=threads, registry=registry)
+    # every contender's weights on huge pages alike, onnxruntime-genai's and raw-ort's sessions included
+    huge_pages.collapse()
     base = dict(contenders)[args.baseline]
     if not isinstance(base, ControllerContender):
         raise ConfigError("the baseline must be a decoctl controller (greedy by default)")

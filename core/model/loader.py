@@ -10,6 +10,7 @@ import onnxruntime as ort
 import structlog
 
 from decoctl.errors import ConfigError, ModelLoadError
+from decoctl.model import huge_pages
 from decoctl.model.capabilities import Capabilities
 from decoctl.model.spec import ModelSpec
 from decoctl.model.tokenizer import Tokenizer
@@ -66,6 +67,8 @@ def load_model(path: str | Path, *, name: str | None = None, threads: int | None
             f"onnxruntime could not load {spec.onnx_file} ({type(exc).__name__}: {exc}): the file is corrupt "
             "or was exported for a newer onnxruntime; re-export it"
         ) from exc
+    # the weights now sit in onnxruntime's buffers: put them on huge pages (see huge_pages.py for the measurement)
+    huge_pages.collapse()
     capabilities = Capabilities.from_session(session, spec)
     tokenizer = Tokenizer.from_file(spec.tokenizer_file, bos_token_id=spec.bos_token_id, add_bos=spec.add_bos)
     if tokenizer.vocab_size > spec.vocab_size:
