@@ -209,10 +209,15 @@ def build_contenders(
                 draft = _draft_folder(model, roles, registry) if spec.name == "ort-genai-draft" else None
                 contender = OrtGenaiSpeculativeContender(spec.name, loaded, threads, spec.options, draft=draft)
         else:
+            # `processors` is the bench's own option, not the controller's: a logits chain for that contender
+            options = {k: v for k, v in spec.options.items() if k != "processors"}
+            processors = spec.options.get("processors")
             probe = registry.controllers().get(spec.name)
-            wanted = probe.active_roles(parse_options(spec.name, probe.options, spec.options)) if probe else ()
+            wanted = probe.active_roles(parse_options(spec.name, probe.options, options)) if probe else ()
             role_models = {"target": model, **{r: roles[r] for r in wanted if r in roles and r != "target"}}
-            generator = Generator(role_models, spec.name, options=spec.options, threads=threads, registry=registry)
+            generator = Generator(
+                role_models, spec.name, options=options, processors=processors, threads=threads, registry=registry
+            )
             contender = ControllerContender(spec.label, generator)
         contenders.append((spec.label, contender))
     return contenders
@@ -425,7 +430,9 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--draft", help="model for the 'draft' role of contenders that use one")
     bench.add_argument("--role", action="append", default=[], metavar="ROLE=MODEL", help="model for another role")
     bench.add_argument(
-        "--contenders", default="greedy,raw-ort", help="NAME, LABEL=NAME(key=value;...), comma-separated"
+        "--contenders",
+        default="greedy,raw-ort",
+        help="NAME, LABEL=NAME(key=value;...), comma-separated; option processors=CHAIN: that contender's logits chain",
     )
     bench.add_argument("--baseline", default="greedy", help="the contender label ratios are taken against")
     bench.add_argument("--prompts", help='JSONL file, one {"prompt": ...} per line (default: built-in code prompts)')

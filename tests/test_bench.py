@@ -308,3 +308,20 @@ def test_onnxruntime_genai_speculative_contenders_match_greedy(
         assert "acceptance_rate" in rows[name]["extra"]
     assert rows["dr"]["extra"]["draft_forward_passes"] > 0
     assert rows["ng"]["extra"]["draft_forward_passes"] == 0
+
+
+def test_a_contenders_processors_option_gives_it_a_logits_chain(
+    genai_model: Path, prompts: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("decoctl_logits_chain")
+    from decoctl.generate import Generator
+
+    first = Generator({"target": str(genai_model)}, "greedy", threads=1).generate(REPEAT_PROMPT, max_new_tokens=1)
+    banned = first.tokens[0]
+    contenders = f"greedy,banned=greedy(processors=suppress_tokens={banned})"
+    data = bench_json(genai_model, contenders, prompts, tmp_path)
+    row = {c["name"]: c for c in data["contenders"]}["banned"]
+    assert row["identical_to_baseline"] is False
+    assert row["first_difference"]["prompt"] == 0
+    assert row["first_difference"]["position"] == 0
+    assert row["first_difference"]["baseline_token"] == banned
