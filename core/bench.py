@@ -194,6 +194,7 @@ def build_contenders(
 ) -> list[tuple[str, Contender]]:
     contenders: list[tuple[str, Contender]] = []
     loaded = None
+    opened: dict[tuple[str, str | None], Any] = {}
     for spec in specs:
         contender: Contender
         if spec.name in ("raw-ort", "ort-genai", *ORT_GENAI_SPECULATIVE):
@@ -214,10 +215,15 @@ def build_contenders(
             processors = spec.options.get("processors")
             probe = registry.controllers().get(spec.name)
             wanted = probe.active_roles(parse_options(spec.name, probe.options, options)) if probe else ()
-            role_models = {"target": model, **{r: roles[r] for r in wanted if r in roles and r != "target"}}
+            references = {"target": model, **{r: roles[r] for r in wanted if r in roles and r != "target"}}
+            # one session per model for every decoctl contender: sessions of the same model differ in speed by a
+            # few percent (where their memory landed), which would otherwise show up as a difference of strategy
+            role_models = {role: opened.get((role, ref), ref) for role, ref in references.items()}
             generator = Generator(
                 role_models, spec.name, options=options, processors=processors, threads=threads, registry=registry
             )
+            for role, loaded_model in generator.models.items():
+                opened.setdefault((role, references.get(role)), loaded_model)
             contender = ControllerContender(spec.label, generator)
         contenders.append((spec.label, contender))
     return contenders

@@ -95,8 +95,9 @@ class _Run:
 class Generator:
     """Loads models once and runs generations with one controller and one processor chain.
 
-    :param models: role -> registered model name or folder path (``{"target": ...}`` at least; a missing
-        target takes the default model).
+    :param models: role -> registered model name, folder path, or a LoadedModel another Generator opened (its
+        session is shared; this Generator keeps its own KV caches). ``{"target": ...}`` at least; a missing
+        target takes the default model.
     :param controller: a registered name, ``file.py:Class``, ``module:Class`` or ``lib.so:name``.
     :param options: the controller's options (checked against its schema).
     :param processors: a chain string ``"top_k=40,temperature=0.8"`` or a list of tables.
@@ -107,7 +108,7 @@ class Generator:
 
     def __init__(
         self,
-        models: Mapping[str, str | Path | None] | None = None,
+        models: Mapping[str, str | Path | LoadedModel | None] | None = None,
         controller: str = "greedy",
         *,
         options: Mapping[str, Any] | None = None,
@@ -133,7 +134,9 @@ class Generator:
         self._sequences: dict[str, Sequence] = {}
 
     # -- set-up -----------------------------------------------------------------------------------------
-    def _load_roles(self, given: dict[str, str | Path | None], threads: int | None) -> dict[str, LoadedModel]:
+    def _load_roles(
+        self, given: dict[str, str | Path | LoadedModel | None], threads: int | None
+    ) -> dict[str, LoadedModel]:
         given.setdefault("target", None)
         unused = sorted(set(given) - set(self.roles))
         if unused:
@@ -154,6 +157,9 @@ class Generator:
         loaded: dict[str, LoadedModel] = {}
         for role in self.roles:
             reference = given[role] if role in given else defaults[role]
+            if isinstance(reference, LoadedModel):  # already open: share its session (each Generator keeps its KV)
+                loaded[role] = reference
+                continue
             name, path = resolve_model(reference, self.registry)
             loaded[role] = load_model(path, name=name, threads=threads)
         self._check_roles(loaded)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from decoctl.bench import (
     ContenderResult,
     Difference,
+    build_contenders,
     difference_message,
     first_difference,
     parse_contenders,
@@ -325,3 +326,17 @@ def test_a_contenders_processors_option_gives_it_a_logits_chain(
     assert row["first_difference"]["prompt"] == 0
     assert row["first_difference"]["position"] == 0
     assert row["first_difference"]["baseline_token"] == banned
+
+
+def test_decoctl_contenders_of_one_model_share_its_session_and_keep_their_own_caches(genai_model: Path) -> None:
+    from decoctl.bench_contenders import ControllerContender
+    from decoctl.plugins import PluginRegistry
+
+    specs = parse_contenders("greedy,again=greedy,sample")
+    built = build_contenders(specs, model=str(genai_model), roles={}, threads=1, registry=PluginRegistry())
+    generators = [c.generator for _, c in built if isinstance(c, ControllerContender)]
+    assert len(generators) == 3
+    sessions = {id(g.models["target"].session) for g in generators}
+    assert len(sessions) == 1
+    first, second = (g.generate("import os", max_new_tokens=6) for g in generators[:2])
+    assert first.tokens == second.tokens
