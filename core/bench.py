@@ -48,6 +48,7 @@ __all__ = [
     "ContenderResult",
     "Difference",
     "add_bench_parser",
+    "build_contenders",
     "difference_message",
     "first_difference",
     "parse_contenders",
