@@ -16,16 +16,24 @@ import numpy as np
 
 from decoctl import ConfigError, Host, Option
 from decoctl_speculative.acceptance import accept_deterministic, accept_greedy, accept_sampled, probabilities
+from decoctl_speculative.draft_length import CostAwareLength, DraftLength, ScheduledLength
 from decoctl_speculative.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter
 
-__all__ = ["OPTIONS", "AdaptiveDraftLength", "Speculative", "roles_for"]
+__all__ = ["OPTIONS", "Speculative", "draft_length", "roles_for"]
 
 DRAFTERS = ("draft-model", "prompt-lookup")
 
 OPTIONS = (
     Option(name="drafter", type="str", default="draft-model", choices=DRAFTERS, help="who proposes tokens"),
     Option(name="k", type="int", default=4, minimum=1, help="tokens drafted per step (the start, when adaptive)"),
-    Option(name="adaptive", type="bool", default=True, help="grow k on full acceptance, shrink it on low"),
+    Option(name="adaptive", type="bool", default=True, help="adapt k per step (rule: length_rule); false: fixed k"),
+    Option(
+        name="length_rule",
+        type="str",
+        default="cost",
+        choices=("cost", "schedule"),
+        help="adaptive k: the length with most expected tokens per measured cost, or HF's grow/shrink schedule",
+    ),
     Option(name="k_min", type="int", default=1, minimum=1, help="adaptive lower bound"),
     Option(name="k_max", type="int", default=16, minimum=1, help="adaptive upper bound"),
     Option(name="sampling", type="bool", default=False, help="sample (lossless) instead of greedy"),
@@ -45,25 +53,6 @@ def roles_for(options: dict[str, Any]) -> tuple[str, ...]:
     return ("target", "draft") if options["drafter"] == "draft-model" else ("target",)
 
 
-class AdaptiveDraftLength:
-    """k grows by 2 after a step that accepted every draft and shrinks by 1 after one that accepted fewer than
-    half, within [low, high] (the schedule of HF transformers' assisted generation)."""
-
-    def __init__(self, start: int, low: int, high: int, *, adaptive: bool) -> None:
-        if low > high:
-            raise ConfigError(f"speculative option k_min={low} is above k_max={high}: make k_min <= k_max")
-        self.value = start if not adaptive else min(max(start, low), high)
-        self.low, self.high, self.adaptive = low, high, adaptive
-
-    def update(self, accepted: int, drafted: int) -> None:
-        if not self.adaptive or drafted == 0:
-            return
-        if accepted == drafted:
-            self.value = min(self.high, self.value + 2)
-        elif 2 * accepted < drafted:
-            self.value = max(self.low, self.value - 1)
-
-
 class Speculative:
     """Draft k tokens, verify them with one target forward, keep the longest acceptable prefix plus one."""
 
@@ -80,7 +69,8 @@ class Speculative:
             self.drafter = DraftModelDrafter(sample=sample_draft, temperature=self.temperature)
         else:
             self.drafter = PromptLookupDrafter(ngram_min=options["ngram_min"], ngram_max=options["ngram_max"])
-        self.k = AdaptiveDraftLength(options["k"], options["k_min"], options["k_max"], adaptive=options["adaptive"])
+        self._options = options
+        self.k = draft_length(options)
         self._reset_counters()
 
     def _reset_counters(self) -> None:
@@ -91,6 +81,7 @@ class Speculative:
 
     def start(self, host: Host) -> None:
         self._reset_counters()
+        self.k = draft_length(self._options)  # what a rule learnt belongs to one generation
         target = host.target
         prompt = host.prompt_tokens
         self._context = np.zeros(len(prompt) + host.remaining + 1, np.int64)
@@ -101,6 +92,7 @@ class Speculative:
         self.drafter.start(host)
         host.trace["drafter"] = self.drafter.name
         host.trace["acceptance"] = self._mode()
+        host.trace["draft_length"] = self._length_rule()
 
     def _mode(self) -> str:
         if not self.sampling:
@@ -110,12 +102,20 @@ class Speculative:
     def step(self, host: Host) -> None:
         target = host.target
         base = target.length
-        k = min(self.k.value, host.remaining - 1, target.max_length - base - 1)
+        cap = min(self.k.high, host.remaining - 1, target.max_length - base - 1)
         began = time.perf_counter()
         context = self._context[: self._length]
-        drafts, q = self.drafter.propose(host, context, k) if k > 0 else ([], None)
+        if self.drafter.model_free:  # drafting is free: take every candidate, then verify as many as pay
+            drafts, q = self.drafter.propose(host, context, cap) if cap > 0 else ([], None)
+            k = self.k.choose(self.drafter.bucket, len(drafts))
+            drafts = drafts[:k]
+        else:  # every draft token costs a draft forward: decide first
+            k = self.k.choose(self.drafter.bucket, cap)
+            drafts, q = self.drafter.propose(host, context, k) if k > 0 else ([], None)
+        q = None if q is None else q[: len(drafts)]
         verified = time.perf_counter()
         rows = host.process(target.forward([self._pending, *drafts]), drafts)
+        forwarded = time.perf_counter()
         if not self.sampling:
             accepted, following = accept_greedy(rows, drafts)
         else:
@@ -126,6 +126,13 @@ class Speculative:
                 accepted, following = accept_sampled(p, q, drafts, host.rng)
         self.verify_seconds += time.perf_counter() - verified
         self.draft_seconds += verified - began
+        self.k.observe(
+            bucket=self.drafter.bucket,
+            drafted=len(drafts),
+            accepted=accepted,
+            verify_seconds=forwarded - verified,
+            draft_seconds=verified - began,
+        )
         self.steps += 1
         self.verify_sizes[len(drafts) + 1] = self.verify_sizes.get(len(drafts) + 1, 0) + 1
         self.drafted += len(drafts)
@@ -138,7 +145,9 @@ class Speculative:
         self._context[self._length : self._length + len(new)] = new
         self._length += len(new)
         self._pending = following
-        self.k.update(accepted, len(drafts))
+
+    def _length_rule(self) -> str:
+        return self._options["length_rule"] if self._options["adaptive"] else "fixed"
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -148,9 +157,20 @@ class Speculative:
             "accepted": self.accepted,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
             "mean_accepted_per_step": self.accepted / self.steps if self.steps else 0.0,
-            "k_final": self.k.value,
+            "length_rule": self._length_rule(),
+            **self.k.stats(),
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
             "verify_sizes": dict(self.verify_sizes),
             **self.drafter.stats(),
         }
+
+
+def draft_length(options: dict[str, Any]) -> DraftLength:
+    """The draft-length rule the options ask for: fixed k, HF's schedule, or the cost-aware rule."""
+    k, low, high = options["k"], options["k_min"], options["k_max"]
+    if not options["adaptive"]:
+        return DraftLength(k, min(low, k), max(high, k))
+    if options["length_rule"] == "schedule":
+        return ScheduledLength(k, low, high)
+    return CostAwareLength(k, low, high)

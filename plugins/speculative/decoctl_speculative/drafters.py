@@ -20,6 +20,10 @@ class Drafter(Protocol):
     name: str
     #: proposals are point masses (q = 1): verification uses the deterministic-draft rule
     deterministic: bool
+    #: proposing costs no model forward, so the controller asks for every candidate and then picks how many to verify
+    model_free: bool
+    #: what the last proposal was based on, for the draft-length rule's acceptance statistics (0: one bucket)
+    bucket: int
 
     def start(self, host: Host) -> None: ...
 
@@ -38,6 +42,8 @@ class DraftModelDrafter:
     """
 
     name = "draft-model"
+    model_free = False
+    bucket = 0
 
     def __init__(self, *, sample: bool, temperature: float) -> None:
         self.deterministic = not sample
@@ -95,8 +101,11 @@ class PromptLookupDrafter:
 
     name = "prompt-lookup"
     deterministic = True
+    model_free = True
 
     def __init__(self, *, ngram_min: int, ngram_max: int) -> None:
+        #: the length of the n-gram the last proposal matched (0: none): longer matches are accepted more often
+        self.bucket = 0
         self.sizes = tuple(range(ngram_max, ngram_min - 1, -1))
         self._index: dict[tuple[int, ...], int] = {}
         self._tokens: list[int] = []
@@ -133,8 +142,10 @@ class PromptLookupDrafter:
             end = self._index.get(tuple(tokens[length - size :]))
             if end is not None:
                 self.hits += 1
+                self.bucket = size
                 return tokens[end : end + k], None
         self.misses += 1
+        self.bucket = 0
         return [], None
 
     def stats(self) -> dict[str, Any]:

@@ -40,12 +40,10 @@ def first_divergence_is_a_tie(
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])
-@pytest.mark.parametrize("adaptive", [False, True])
-def test_draft_model_greedy_is_greedy(
-    target: Path, draft: Path, registry: PluginRegistry, k: int, adaptive: bool
-) -> None:
+@pytest.mark.parametrize("rule", ["fixed", "schedule", "cost"])
+def test_draft_model_greedy_is_greedy(target: Path, draft: Path, registry: PluginRegistry, k: int, rule: str) -> None:
     baseline = Generator({"target": target}, "greedy", registry=registry)
-    options = {"k": k, "adaptive": adaptive}
+    options = {"k": k, "adaptive": rule != "fixed", "length_rule": "cost" if rule == "fixed" else rule}
     speculative = Generator({"target": target, "draft": draft}, "speculative", options=options, registry=registry)
     ties = 0
     for prompt in PROMPTS:
@@ -57,11 +55,11 @@ def test_draft_model_greedy_is_greedy(
 
 
 @pytest.mark.parametrize("k", [2, 5, 12])
-def test_prompt_lookup_greedy_is_greedy(target: Path, registry: PluginRegistry, k: int) -> None:
+@pytest.mark.parametrize("rule", ["fixed", "cost"])
+def test_prompt_lookup_greedy_is_greedy(target: Path, registry: PluginRegistry, k: int, rule: str) -> None:
     baseline = Generator({"target": target}, "greedy", registry=registry)
-    speculative = Generator(
-        {"target": target}, "speculative", options={"drafter": "prompt-lookup", "k": k}, registry=registry
-    )
+    options = {"drafter": "prompt-lookup", "k": k, "k_max": max(k, 16), "adaptive": rule != "fixed"}
+    speculative = Generator({"target": target}, "speculative", options=options, registry=registry)
     for prompt in PROMPTS:
         expected = baseline.generate(prompt, max_new_tokens=48).tokens
         got = speculative.generate(prompt, max_new_tokens=48).tokens
