@@ -7,6 +7,9 @@ The declarations come from abi/decoctl.h itself (between its DECOCTL_CDEF_BEGIN 
 so the header stays the single contract. Constants are declared ``...`` and their values taken from the
 compiled header. On top of the header the bridge declares:
 - the host functions as ``extern "Python"`` callbacks (implemented in core/abi.py with ``@ffi.def_extern``);
+- the host's mirror (decoctl_bridge_host, decoctl_bridge_role): C structs core/abi.py keeps up to date, from which
+  C functions answer the cheap read-only queries (length, remaining, done, max_length, logits) without entering
+  Python, and the function that fills a host table with them and the callbacks;
 - a few C helpers to open a library and find its entry symbol with the platform loader's own error text.
 """
 
@@ -50,6 +53,24 @@ extern "Python" int32_t decoctl_py_forward_features(void *, decoctl_role *, cons
 """
 
 HELPERS_CDEF = """
+typedef struct decoctl_bridge_role {
+    int64_t length;
+    const float *logits;
+    int64_t logits_n;
+    int64_t logits_width;
+} decoctl_bridge_role;
+
+typedef struct decoctl_bridge_host {
+    int32_t bound;
+    int32_t done;
+    int64_t remaining;
+    int64_t max_length;
+    decoctl_bridge_role **roles;
+    int64_t n_roles;
+} decoctl_bridge_host;
+
+void decoctl_bridge_fill_table(decoctl_host *table, decoctl_bridge_host *mirror);
+void decoctl_bridge_serve(decoctl_bridge_host *mirror);
 void *decoctl_bridge_open(const char *path);
 void *decoctl_bridge_symbol(void *library, const char *name);
 void decoctl_bridge_close(void *library);
@@ -57,7 +78,127 @@ const char *decoctl_bridge_loader_error(void);
 """
 
 HELPERS_SOURCE = r"""
+#include <stddef.h>
+
 #include "decoctl.h"
+
+/* ---- the host's mirror -------------------------------------------------------------------------------------
+
+   An extern "Python" callback costs a C -> Python -> C crossing (about 1 us), which would make even length() cost
+   a microsecond. The read-only queries below are answered in C from a mirror of the host's state that core/abi.py
+   writes before it hands control to C (create, step, reset) and again after every callback that changes that
+   state (forward, forward_tree, forward_features, keep, rewind: the role; commit: the generation). host_data
+   points at the instance's decoctl_bridge_host, a decoctl_role * at one of its decoctl_bridge_role; both are
+   allocated by Python (ffi.new) and live as long as the instance.
+
+   Whatever the mirror cannot answer (a host function called outside create/step/reset or from another thread, a
+   foreign host_data, an unknown role handle, a NULL or too small decoctl_rows, no current logits) goes to the
+   function's extern "Python" twin, which refuses it exactly as before: the exception kept and raised when the C
+   call returns, host_error's text, the log line for a call outside create/step/reset. */
+
+typedef struct decoctl_bridge_role {
+    int64_t length;       /* tokens in the role's KV cache */
+    const float *logits;  /* the last forward's logits (kept alive by core/abi.py), or NULL when there are none */
+    int64_t logits_n;
+    int64_t logits_width;
+} decoctl_bridge_role;
+
+typedef struct decoctl_bridge_host {
+    int32_t bound;                /* 1 while a generation (a Host) is bound to the instance */
+    int32_t done;
+    int64_t remaining;
+    int64_t max_length;
+    decoctl_bridge_role **roles;  /* the role handles given out so far (Python-owned array) */
+    int64_t n_roles;
+} decoctl_bridge_host;
+
+/* The mirror whose create/step/reset is running on this thread (NULL: none). A thread-local pointer compared with
+   host_data, never a flag read through host_data: a foreign host_data is never dereferenced, and a call from
+   another thread or from destroy finds NULL here. core/abi.py sets it around every create/step/reset, restoring
+   the outer instance's when calls nest. */
+#if defined(_MSC_VER)
+static __declspec(thread) decoctl_bridge_host *decoctl_bridge_current;
+#else
+static _Thread_local decoctl_bridge_host *decoctl_bridge_current;
+#endif
+
+void decoctl_bridge_serve(decoctl_bridge_host *mirror) { decoctl_bridge_current = mirror; }
+
+/* cffi defines the extern "Python" callbacks (static) after this code: declare them for the code below. */
+DECOCTL_BRIDGE_CALLBACKS
+
+static const decoctl_bridge_host *decoctl_bridge_host_of(void *host_data) {
+    const decoctl_bridge_host *host = decoctl_bridge_current;
+    return host != NULL && (void *)host == host_data && host->bound ? host : NULL;
+}
+
+static const decoctl_bridge_role *decoctl_bridge_role_of(void *host_data, decoctl_role *role) {
+    const decoctl_bridge_host *host = decoctl_bridge_host_of(host_data);
+    if (host == NULL) return NULL;
+    for (int64_t i = 0; i < host->n_roles; i++)
+        if ((void *)host->roles[i] == (void *)role) return host->roles[i];
+    return NULL;
+}
+
+static int64_t decoctl_bridge_length(void *host_data, decoctl_role *role) {
+    const decoctl_bridge_role *mirror = decoctl_bridge_role_of(host_data, role);
+    return mirror != NULL ? mirror->length : decoctl_py_length(host_data, role);
+}
+
+static int32_t decoctl_bridge_logits(void *host_data, decoctl_role *role, decoctl_rows *out_rows) {
+    const decoctl_bridge_role *mirror = decoctl_bridge_role_of(host_data, role);
+    /* the host writes no decoctl_rows field beyond the plugin's struct_size */
+    if (mirror == NULL || mirror->logits == NULL || out_rows == NULL
+        || out_rows->struct_size < offsetof(decoctl_rows, width) + sizeof(out_rows->width))
+        return decoctl_py_logits(host_data, role, out_rows);
+    out_rows->data = mirror->logits;
+    out_rows->n = mirror->logits_n;
+    out_rows->width = mirror->logits_width;
+    return DECOCTL_OK;
+}
+
+static int32_t decoctl_bridge_done(void *host_data) {
+    const decoctl_bridge_host *host = decoctl_bridge_host_of(host_data);
+    return host != NULL ? host->done : decoctl_py_done(host_data);
+}
+
+static int64_t decoctl_bridge_max_length(void *host_data) {
+    const decoctl_bridge_host *host = decoctl_bridge_host_of(host_data);
+    return host != NULL ? host->max_length : decoctl_py_max_length(host_data);
+}
+
+static int64_t decoctl_bridge_remaining(void *host_data) {
+    const decoctl_bridge_host *host = decoctl_bridge_host_of(host_data);
+    return host != NULL ? host->remaining : decoctl_py_remaining(host_data);
+}
+
+/* The instance's host table: the mirror as host_data, the C queries above and the extern "Python" rest. */
+void decoctl_bridge_fill_table(decoctl_host *table, decoctl_bridge_host *mirror) {
+    table->struct_size = (uint32_t)sizeof(decoctl_host);
+    table->abi_major = DECOCTL_ABI_MAJOR;
+    table->abi_minor = DECOCTL_ABI_MINOR;
+    table->host_data = mirror;
+    table->role = decoctl_py_role;
+    table->forward = decoctl_py_forward;
+    table->forward_tree = decoctl_py_forward_tree;
+    table->keep = decoctl_py_keep;
+    table->logits = decoctl_bridge_logits;
+    table->hidden_states = decoctl_py_hidden_states;
+    table->rewind = decoctl_py_rewind;
+    table->length = decoctl_bridge_length;
+    table->tokens = decoctl_py_tokens;
+    table->has_capability = decoctl_py_has_capability;
+    table->commit = decoctl_py_commit;
+    table->done = decoctl_bridge_done;
+    table->is_eos = decoctl_py_is_eos;
+    table->max_length = decoctl_bridge_max_length;
+    table->remaining = decoctl_bridge_remaining;
+    table->process = decoctl_py_process;
+    table->uniform = decoctl_py_uniform;
+    table->log_message = decoctl_py_log_message;
+    table->host_error = decoctl_py_host_error;
+    table->forward_features = decoctl_py_forward_features;
+}
 
 #if defined(_WIN32)
 #include <windows.h>
@@ -122,6 +263,9 @@ def header_declarations(header: Path = HEADER) -> str:
         raise RuntimeError(f"{header} has no DECOCTL_CDEF_BEGIN ... DECOCTL_CDEF_END section")
     return re.sub(r"^(#define\s+\w+)\s+.*$", r"\1 ...", match.group(1), flags=re.M)
 
+
+# the callbacks' forward declarations, made from CALLBACKS so that the two never disagree
+HELPERS_SOURCE = HELPERS_SOURCE.replace("DECOCTL_BRIDGE_CALLBACKS", CALLBACKS.replace('extern "Python"', "static"))
 
 ffibuilder = FFI()
 ffibuilder.cdef(header_declarations() + CALLBACKS + HELPERS_CDEF)

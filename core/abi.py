@@ -6,7 +6,9 @@ struct_size, and lists its controllers. ``library_controller_spec(path, name)`` 
 (options schema included); ``library_factory(spec)`` builds ``LibraryController``s, ordinary Controllers that
 create the C instance in ``start(host)`` and call its step in ``step(host)``.
 
-The host functions are compiled ``extern "Python"`` callbacks (decoctl._abi, out-of-line API mode). Logits,
+The host functions are compiled ``extern "Python"`` callbacks (decoctl._abi, out-of-line API mode), except the
+cheap read-only queries (length, remaining, done, max_length, logits): C functions of the bridge answer those from
+a mirror of the host's state that ``_Instance`` keeps up to date, so they never enter Python. Logits,
 hidden states and tokens cross zero-copy (``ffi.from_buffer`` on the host's C-contiguous arrays). A Python
 exception inside a callback becomes a negative status in C (``onerror``) and is raised again, unchanged, when
 the C create/step/reset returns; a negative status without one raises AbiError with the controller's last_error.
@@ -313,7 +315,7 @@ def library_factory(spec: ControllerSpec) -> Callable[[dict[str, Any]], LibraryC
 # -- one C instance and the host table it calls ------------------------------------------------------------------
 
 _calls = threading.local()  # .stack: the instances inside a create/step/reset on this thread, innermost last
-_LIVE: dict[Any, _Instance] = {}  # host_data handle -> instance, from create until destroy (keeps handles alive)
+_LIVE: dict[Any, _Instance] = {}  # host_data -> instance, from create until destroy (keeps its mirror alive)
 
 
 def _active() -> list[_Instance]:
@@ -325,17 +327,26 @@ def _active() -> list[_Instance]:
 
 
 class _Instance:
-    """One C controller instance: its state, its host table, the host it is bound to and what C may point at."""
+    """One C controller instance: its state, its host table, the host it is bound to and what C may point at.
+
+    host_data is the instance's mirror (decoctl_bridge_host, abi/build_bridge.py) and each role handle a
+    decoctl_role * to the role's decoctl_bridge_role: C answers length, remaining, done, max_length and logits from
+    them. They are written before every create/step/reset and after every callback that changes what they hold, so
+    C never reads a stale value; C holds no reference of its own, so they live as long as this object.
+    """
 
     def __init__(self, entry: ControllerEntry) -> None:
         self.entry = entry
-        self.handle = ffi.new_handle(self)
+        self.mirror = ffi.new("decoctl_bridge_host *")
+        self.host_data = ffi.cast("void *", self.mirror)
         self.table = ffi.new("decoctl_host *")
-        _fill_table(self.table, self.handle)
+        lib.decoctl_bridge_fill_table(self.table, self.mirror)
         self.state: Any = None
         self.host: Host | None = None
-        self._roles: dict[Any, Sequence] = {}
-        self._role_handles: dict[str, Any] = {}
+        self._roles: dict[Any, Sequence] = {}  # role handle -> its sequence in the bound host
+        self._role_handles: dict[str, Any] = {}  # role name -> role handle
+        self._role_mirrors: dict[Any, Any] = {}  # role handle -> its decoctl_bridge_role (the owning cdata)
+        self._role_list: Any = ffi.new("decoctl_bridge_role *[]", 0)  # what the mirror's roles point at
         # buffers C may point at, (array, pointer) by kind: per role until its next forward/rewind, and the
         # last process() output
         self._views: dict[Sequence, dict[str, tuple[np.ndarray, Any]]] = {}
@@ -355,17 +366,23 @@ class _Instance:
             else:
                 del self._role_handles[name]
                 self._roles.pop(handle, None)
+                del self._role_mirrors[handle]
+        self._list_roles()
+        self.mirror_all()
 
     def call(self, what: str, function: Any, *args: Any, out_state: Any = None) -> int:
         """Call one of the controller's functions; raise what a callback raised, or AbiError on a bad status.
 
         ``out_state``: create's ``void **``, read before the error checks so that last_error sees the state."""
         stack = _active()
+        self.mirror_all()  # the host may have moved since the last call (a prefill, another controller)
         stack.append(self)
+        lib.decoctl_bridge_serve(self.mirror)
         try:
             status = int(function(*args))
         finally:
             stack.pop()
+            lib.decoctl_bridge_serve(stack[-1].mirror if stack else ffi.NULL)
             self._error_text = ffi.NULL
             if out_state is not None:
                 self.state = out_state[0]
@@ -392,7 +409,7 @@ class _Instance:
         """Call create; afterwards ``state`` is the C state (``ffi.NULL`` for a stateless controller), or None
         when create failed without one (then there is nothing to destroy)."""
         out = ffi.new("void **")
-        _LIVE[self.handle] = self
+        _LIVE[self.host_data] = self
         try:
             self.call("create", self.entry.create, self.table, config, out, out_state=out)
         except BaseException:
@@ -420,7 +437,7 @@ class _Instance:
         if self.state is not None:
             state, self.state = self.state, None
             self.entry.destroy(state)
-        _LIVE.pop(self.handle, None)
+        _LIVE.pop(self.host_data, None)
         self.bind(None)
 
     # -- what the callbacks use -----------------------------------------------------------------------------
@@ -435,9 +452,13 @@ class _Instance:
         handle = self._role_handles.get(name)
         if handle is None:
             sequence = self._host().role(name)
-            handle = ffi.new_handle(name)  # opaque to C; the bridge maps it back through _roles
+            mirror = ffi.new("decoctl_bridge_role *")
+            handle = ffi.cast("decoctl_role *", mirror)  # opaque to C; the bridge maps it back through _roles
             self._role_handles[name] = handle
             self._roles[handle] = sequence
+            self._role_mirrors[handle] = mirror
+            self._list_roles()
+            self._mirror_role(mirror, sequence)
         return handle
 
     def sequence(self, role: Any) -> Sequence:
@@ -453,8 +474,46 @@ class _Instance:
             raise AbiError(f"{self.entry.label} called the host with no generation bound")
         return self.host
 
-    def invalidate(self, sequence: Sequence) -> None:
+    def changed(self, role: Any, sequence: Sequence) -> None:
+        """After a primitive that may have changed ``sequence`` (``role``'s): forget C's views of its old
+        buffers and mirror its new length and logits. Called on failure too: a forward that failed midway may
+        have changed it."""
         self._views.pop(sequence, None)
+        self._mirror_role(self._role_mirrors[role], sequence)
+
+    # -- the mirror C reads ---------------------------------------------------------------------------------
+    def mirror_all(self) -> None:
+        for handle, sequence in self._roles.items():
+            self._mirror_role(self._role_mirrors[handle], sequence)
+        self.mirror_generation()
+
+    def mirror_generation(self) -> None:
+        """Mirror done, remaining and max_length (commit is the only callback that changes them)."""
+        mirror, host = self.mirror, self.host
+        if host is None:
+            mirror.bound = 0  # C then asks Python, which refuses: no generation bound
+            return
+        mirror.done = host.done
+        mirror.remaining = host.remaining
+        mirror.max_length = host.max_length
+        mirror.bound = 1
+
+    def _mirror_role(self, mirror: Any, sequence: Sequence) -> None:
+        mirror.length = sequence.length
+        try:
+            logits = sequence.logits()
+        except SequenceError:
+            # no current logits: C's logits() then calls Python, which raises this error for the controller
+            mirror.logits = ffi.NULL
+            return
+        mirror.logits = self.pointer_to(sequence, "logits", logits)
+        mirror.logits_n, mirror.logits_width = logits.shape
+
+    def _list_roles(self) -> None:
+        mirrors = list(self._role_mirrors.values())
+        self._role_list = ffi.new("decoctl_bridge_role *[]", mirrors)
+        self.mirror.roles = self._role_list
+        self.mirror.n_roles = len(mirrors)
 
     def pointer_to(self, sequence: Sequence | None, kind: str, array: np.ndarray) -> Any:
         """A ``float *`` / ``int64_t *`` to ``array`` (C-contiguous), alive until the role's next forward or
@@ -488,7 +547,7 @@ def _status_name(status: int) -> str:
 def _current(host_data: Any) -> _Instance:
     """The instance whose create/step/reset is running on this thread, if host_data is its table's."""
     stack = _active()
-    if stack and stack[-1].handle == host_data:
+    if stack and stack[-1].host_data == host_data:
         return stack[-1]
     if _LIVE.get(host_data) is None:
         raise AbiError("a host function got a host_data that is no live decoctl host: pass host->host_data")
@@ -557,6 +616,9 @@ def _fill_rows(out: Any, instance: _Instance, sequence: Sequence | None, kind: s
 
 
 def _install_callbacks() -> None:
+    """Define every host function's extern "Python" callback. The table points at C functions of the bridge for
+    length, remaining, done, max_length and logits (answered from the mirror); their callbacks here run only for
+    what the mirror cannot answer (a refused call, no current logits), so that a refusal stays what it was."""
     ok = int(lib.DECOCTL_OK)
     error = int(lib.DECOCTL_ERR_HOST)
 
@@ -568,7 +630,7 @@ def _install_callbacks() -> None:
         instance = _current(host_data)
         if name == ffi.NULL or out_role == ffi.NULL:
             raise ConfigError("role(): name and out_role must not be NULL")
-        out_role[0] = ffi.cast("decoctl_role *", instance.role_handle(ffi.string(name).decode("utf-8")))
+        out_role[0] = instance.role_handle(ffi.string(name).decode("utf-8"))
         return ok
 
     @extern
@@ -576,8 +638,10 @@ def _install_callbacks() -> None:
         instance = _current(host_data)
         sequence = instance.sequence(role)
         ids = _ids(tokens, n, "forward()")
-        rows = sequence.forward(ids)
-        instance.invalidate(sequence)
+        try:
+            rows = sequence.forward(ids)
+        finally:
+            instance.changed(role, sequence)
         _fill_rows(out_rows, instance, sequence, "logits", rows)
         return ok
 
@@ -589,8 +653,10 @@ def _install_callbacks() -> None:
         if parents == ffi.NULL:
             raise ConfigError("forward_tree(): parents must not be NULL")
         tree = np.frombuffer(ffi.buffer(parents, n * 4), dtype=np.int32).tolist() if n > 0 else []
-        rows = sequence.forward(ids, tree=tree)
-        instance.invalidate(sequence)
+        try:
+            rows = sequence.forward(ids, tree=tree)
+        finally:
+            instance.changed(role, sequence)
         _fill_rows(out_rows, instance, sequence, "logits", rows)
         return ok
 
@@ -607,8 +673,10 @@ def _install_callbacks() -> None:
             np.frombuffer(ffi.buffer(features, n * width * 4), dtype=np.float32).reshape(n, width) if n > 0 else None
         )
         tree = None if parents == ffi.NULL else np.frombuffer(ffi.buffer(parents, n * 4), dtype=np.int32).tolist()
-        rows = sequence.forward(ids, tree=tree, features=rows_in)
-        instance.invalidate(sequence)
+        try:
+            rows = sequence.forward(ids, tree=tree, features=rows_in)
+        finally:
+            instance.changed(role, sequence)
         _fill_rows(out_rows, instance, sequence, "logits", rows)
         return ok
 
@@ -617,8 +685,10 @@ def _install_callbacks() -> None:
         instance = _current(host_data)
         sequence = instance.sequence(role)
         kept = [int(i) for i in _ids(indices, n, "keep()")]
-        sequence.keep(kept)
-        instance.invalidate(sequence)
+        try:
+            sequence.keep(kept)
+        finally:
+            instance.changed(role, sequence)
         return ok
 
     @extern
@@ -644,8 +714,10 @@ def _install_callbacks() -> None:
     def decoctl_py_rewind(host_data: Any, role: Any, length: int) -> int:
         instance = _current(host_data)
         sequence = instance.sequence(role)
-        sequence.rewind(int(length))
-        instance.invalidate(sequence)
+        try:
+            sequence.rewind(int(length))
+        finally:
+            instance.changed(role, sequence)
         return ok
 
     @extern
@@ -672,13 +744,17 @@ def _install_callbacks() -> None:
 
     @extern
     def decoctl_py_commit(host_data: Any, tokens: Any, n: int, out_taken: Any) -> int:
-        host = _current(host_data)._host()
+        instance = _current(host_data)
+        host = instance._host()
         ids = _ids(tokens, n, "commit()")
         vocab = host.target.vocab_size
         bad = [int(t) for t in ids if not 0 <= t < vocab]
         if bad:
             raise SequenceError(f"commit() got token ids outside [0, {vocab}): {bad[:5]}; nothing was committed")
-        taken = host.commit(ids) if n else 0
+        try:
+            taken = host.commit(ids) if n else 0
+        finally:
+            instance.mirror_generation()
         if out_taken != ffi.NULL:
             out_taken[0] = taken
         return ok
@@ -742,39 +818,6 @@ def _install_callbacks() -> None:
     @ffi.def_extern(onerror=_on_error_pointer)
     def decoctl_py_host_error(host_data: Any) -> Any:
         return _current(host_data).error_text()
-
-
-_CALLBACKS = (
-    "role",
-    "forward",
-    "forward_tree",
-    "keep",
-    "logits",
-    "hidden_states",
-    "rewind",
-    "length",
-    "tokens",
-    "has_capability",
-    "commit",
-    "done",
-    "is_eos",
-    "max_length",
-    "remaining",
-    "process",
-    "uniform",
-    "log_message",
-    "host_error",
-    "forward_features",
-)
-
-
-def _fill_table(table: Any, handle: Any) -> None:
-    table.struct_size = ffi.sizeof("decoctl_host")
-    table.abi_major = ABI_MAJOR
-    table.abi_minor = ABI_MINOR
-    table.host_data = handle
-    for name in _CALLBACKS:
-        setattr(table, name, getattr(lib, f"decoctl_py_{name}"))
 
 
 if lib is not None:

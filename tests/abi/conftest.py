@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ABI_DIR = ROOT / "abi"
 EXAMPLES = ROOT / "examples" / "c_controller"
 MISBEHAVE = Path(__file__).resolve().parent / "c" / "misbehave.c"
+QUERIES = Path(__file__).resolve().parent / "c" / "queries.c"
 
 Build = Callable[..., Path]
 
@@ -45,6 +46,12 @@ def c_examples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def misbehave(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The library of well-formed test controllers (probes and rule breakers) in tests/abi/c/misbehave.c."""
     return compile_library(MISBEHAVE, tmp_path_factory.mktemp("misbehave") / "libmisbehave.so")
+
+
+@pytest.fixture(scope="session")
+def c_queries(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The library of tests/abi/c/queries.c: controllers that read (or misuse) the queries the bridge answers in C."""
+    return compile_library(QUERIES, tmp_path_factory.mktemp("queries") / "libqueries.so")
 
 
 @pytest.fixture(scope="session")

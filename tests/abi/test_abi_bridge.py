@@ -269,6 +269,76 @@ def test_host_functions_called_from_destroy_are_refused_and_logged(
     assert "outside create/step/reset" in refused[0]["error"]
 
 
+# -- the queries the bridge answers in C (length, remaining, done, max_length, logits) -------------------------------
+
+QUERY_SCRIPT = ["start", "forward", "keep", "forward", "commit", "rewind", "finish"]  # queries.c's script
+
+
+def test_queries_answered_in_c_match_the_python_host_after_every_primitive(genai_model: Path, c_queries: Path) -> None:
+    host = make_host(genai_model, 4)
+    target = host.target
+    controller = library_factory(library_controller_spec(c_queries, "queries"))({})
+    controller.start(host)
+    for action in QUERY_SCRIPT:
+        controller.step(host)  # one primitive, then every query, read from C while the host stands still
+        seen = controller.stats()
+        assert seen["action"] == action
+        python = {"length": target.length, "remaining": host.remaining, "done": int(host.done)}
+        assert {key: seen[key] for key in python} == python, action
+        assert seen["max_length"] == host.max_length
+        if seen["read_logits"]:
+            logits = target.logits()
+            assert (seen["logits_ptr"], seen["logits_n"], seen["logits_width"]) == (logits.ctypes.data, *logits.shape)
+        else:
+            with pytest.raises(SequenceError, match="has no logits yet"):
+                target.logits()
+    assert host.done
+
+
+@pytest.mark.parametrize("after", ["keep", "rewind"])
+def test_logits_after_keep_or_rewind_is_refused_with_the_hosts_sequence_error(
+    after: str, genai_model: Path, c_queries: Path, registry: PluginRegistry
+) -> None:
+    error = failure(genai_model, f"{c_queries}:logits_after", registry, options={"after": after})
+    cause = error.__cause__
+    assert isinstance(cause, SequenceError)
+    assert "role 'target' has no logits yet" in str(cause)
+    # the C side saw DECOCTL_ERR_SEQUENCE and host_error's message, as when logits was a Python callback
+    assert "logits returned -4: SequenceError: role 'target' has no logits yet" in " ".join(cause.__notes__)
+
+
+def test_queries_answered_in_c_refuse_calls_from_destroy(
+    genai_model: Path, c_queries: Path, registry: PluginRegistry
+) -> None:
+    with capture_logs() as logs:
+        result = generate(genai_model, f"{c_queries}:queries_in_destroy", registry, n=2)
+    assert result.tokens == (5, 5)
+    refused = [e for e in logs if e["event"] == "decoctl.abi_callback_outside_call"]
+    assert len(refused) == 5
+    assert all("outside create/step/reset" in e["error"] for e in refused)
+
+
+def test_queries_answered_in_c_refuse_another_thread(
+    genai_model: Path, c_queries: Path, registry: PluginRegistry
+) -> None:
+    with capture_logs() as logs:
+        result = generate(genai_model, f"{c_queries}:queries_other_thread", registry, n=2)
+    assert result.stats.controller == {"answers": [-5] * 5}  # DECOCTL_ERR_ARGUMENT, each
+    refused = [e for e in logs if e["event"] == "decoctl.abi_callback_outside_call"]
+    assert len(refused) == 5
+    assert result.tokens == (5, 5)
+
+
+def test_queries_answered_in_c_refuse_a_host_data_that_is_no_host(
+    genai_model: Path, c_queries: Path, registry: PluginRegistry
+) -> None:
+    error = failure(genai_model, f"{c_queries}:queries_foreign", registry)
+    cause = error.__cause__
+    assert isinstance(cause, AbiError)
+    assert "no live decoctl host" in str(cause)
+    assert "foreign host_data answers [-5, -5, -5, -5, -5]" in " ".join(cause.__notes__)
+
+
 # -- refusals at load ---------------------------------------------------------------------------------------------
 
 

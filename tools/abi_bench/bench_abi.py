@@ -5,7 +5,8 @@ Python greedy.
 
 Builds tools/abi_bench/roundtrip.c and examples/c_controller/greedy.c with the system compiler into
 build/abi_bench/, runs one generation with the roundtrip controller (its create() times `calls` calls each of
-remaining(), length() and logits() from C and reports nanoseconds per call through stats_json), then runs
+remaining(), length() and logits(), which the bridge answers in C, and of tokens(), which enters Python, and reports
+nanoseconds per call through stats_json), then runs
 `decoctl bench` with the Python greedy and the C greedy side by side (same process, interleaved, same threads,
 tokens checked identical). Runs with decoctl's own venv.
 """

@@ -2,9 +2,11 @@
  * roundtrip.c: what one host primitive costs when called from C (docs/BENCHMARKS.md, the C ABI rows).
  *
  * A greedy controller (token for token the built-in greedy) whose create() first times `calls` back-to-back calls
- * of three primitives that do no model work: remaining() (per generation), length() (per role) and logits() (a
- * zero-copy view of host memory). Each call crosses C -> Python (cffi extern "Python") -> the host -> back, so the
- * per-call time is the whole round trip. The figures (nanoseconds per call) come back through stats_json.
+ * of four primitives that do no model work: remaining() (per generation), length() (per role), logits() (a
+ * zero-copy view of host memory) and tokens() (another zero-copy view). The bridge answers the first three in C
+ * from its mirror of the host's state (abi/build_bridge.py); tokens() still crosses C -> Python (cffi extern
+ * "Python") -> the host -> back, so its figure is the cost of a primitive that enters Python. The figures
+ * (nanoseconds per call) come back through stats_json.
  *
  *   cc -O2 -shared -fPIC -I abi -o build/libroundtrip.so tools/abi_bench/roundtrip.c
  *   .venv/bin/python tools/abi_bench/bench_abi.py MODEL
@@ -20,7 +22,7 @@
 typedef struct roundtrip_state {
     const decoctl_host *host; /* host-owned, valid until destroy */
     decoctl_role *target;     /* host-owned handle, valid until destroy */
-    double ns_remaining, ns_length, ns_logits;
+    double ns_remaining, ns_length, ns_logits, ns_tokens;
     int64_t calls;
     char stats[256];
     char error[256];
@@ -69,6 +71,15 @@ static int32_t roundtrip_create(const decoctl_host *host, const char *config_jso
         sink += rows.n;
     }
     s->ns_logits = (now_ns() - start) / (double)s->calls;
+    const int64_t *tokens;
+    int64_t n_tokens;
+    start = now_ns();
+    for (int64_t i = 0; i < s->calls; i++) {
+        status = host->tokens(host->host_data, s->target, &tokens, &n_tokens);
+        if (status < 0) return fail(s, status, "tokens");
+        sink += n_tokens;
+    }
+    s->ns_tokens = (now_ns() - start) / (double)s->calls;
     return sink < 0 ? DECOCTL_ERR_FAILED : DECOCTL_OK; /* sink keeps the loops from being optimised away */
 }
 
@@ -106,8 +117,9 @@ static const char *roundtrip_last_error(void *state) {
 static const char *roundtrip_stats(void *state) {
     roundtrip_state *s = state;
     snprintf(s->stats, sizeof(s->stats),
-             "{\"calls\": %lld, \"ns_remaining\": %.1f, \"ns_length\": %.1f, \"ns_logits\": %.1f}",
-             (long long)s->calls, s->ns_remaining, s->ns_length, s->ns_logits);
+             "{\"calls\": %lld, \"ns_remaining\": %.1f, \"ns_length\": %.1f, \"ns_logits\": %.1f, "
+             "\"ns_tokens\": %.1f}",
+             (long long)s->calls, s->ns_remaining, s->ns_length, s->ns_logits, s->ns_tokens);
     return s->stats;
 }
 
