@@ -235,7 +235,7 @@ class OrtGenaiContender:
             generator.generate_next_token()
             forwards += 1
         end = time.perf_counter()
-        sequence = [int(t) for t in generator.get_sequence(0)][len(prompt_ids) :]
+        sequence = self._with_final_eos([int(t) for t in generator.get_sequence(0)][len(prompt_ids) :], max_new_tokens)
         return Outcome(
             tokens=tuple(sequence[:max_new_tokens]),
             decode_seconds=end - decode_started,
@@ -243,6 +243,14 @@ class OrtGenaiContender:
             target_forwards=max(0, forwards - 1),
             ledger=ForwardLedger.one_token(max(0, forwards - 1)),
         )
+
+    def _with_final_eos(self, sequence: list[int], max_new_tokens: int) -> list[int]:
+        """onnxruntime-genai leaves the EOS it stopped on out of the sequence; decoctl's outputs end with it. Put it
+        back when it is unambiguous (the model has one EOS id), so outputs compare token for token."""
+        stopped_early = len(sequence) < max_new_tokens and (not sequence or sequence[-1] not in self.eos)
+        if stopped_early and len(self.eos) == 1:
+            return [*sequence, *self.eos]
+        return sequence
 
     def close(self) -> None:
         shutil.rmtree(self._folder.name, ignore_errors=True)
@@ -334,7 +342,7 @@ class OrtGenaiSpeculativeContender(OrtGenaiContender):
             generator.generate_next_token()
         end = time.perf_counter()
         stats = dict(generator.get_speculative_stats())
-        sequence = [int(t) for t in generator.get_sequence(0)][len(prompt_ids) :]
+        sequence = self._with_final_eos([int(t) for t in generator.get_sequence(0)][len(prompt_ids) :], max_new_tokens)
         ledger = self._ledger(stats, first_was_standard)
         numbers = {k: v for k, v in stats.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         return Outcome(

@@ -265,7 +265,7 @@ def test_a_bench_with_speculative_contenders_reports_the_curve_and_ideal_ratios(
     genai_model: Path, genai_draft: Path, prompts: Path, tmp_path: Path
 ) -> None:
     pytest.importorskip("decoctl_speculative")
-    contenders = "greedy,pl=speculative(drafter=prompt-lookup;k=4),dm=speculative(k=3;adaptive=false)"
+    contenders = "greedy,pl=speculative(drafter=prompt-lookup;k=4;adaptive=false),dm=speculative(k=3;adaptive=false)"
     data = bench_json(genai_model, contenders, prompts, tmp_path, "--draft", str(genai_draft))
     assert data["verify_cost"]["1"] == 1.0
     assert {"2", "4", "5"} <= set(data["verify_cost"])  # a 3-draft verify feeds 4 tokens, a 4-draft one 5
@@ -340,3 +340,18 @@ def test_decoctl_contenders_of_one_model_share_its_session_and_keep_their_own_ca
     assert len(sessions) == 1
     first, second = (g.generate("import os", max_new_tokens=6) for g in generators[:2])
     assert first.tokens == second.tokens
+
+
+def test_onnxruntime_genai_outputs_that_stop_on_eos_end_with_it_as_decoctls_do(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime_genai")
+    from decoctl.generate import Generator
+
+    probe = build_genai_model(tmp_path / "probe", seed=5)
+    third = Generator({"target": str(probe)}, "greedy", threads=1).generate(REPEAT_PROMPT, max_new_tokens=3).tokens[2]
+    model = build_genai_model(tmp_path / "stops", seed=5, eos_token_id=third)
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text(json.dumps({"prompt": REPEAT_PROMPT}) + "\n")
+    data = bench_json(model, "greedy,ort-genai", prompts, tmp_path)
+    rows = {c["name"]: c for c in data["contenders"]}
+    assert rows["greedy"]["tokens"] == 3  # greedy stopped on the EOS, which its output keeps
+    assert rows["ort-genai"]["identical_to_baseline"] is True
