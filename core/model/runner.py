@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 
 from decoctl.errors import SequenceError
 from decoctl.model.kv_cache import KVCache, make_kv_cache
@@ -42,6 +43,42 @@ class _Growable:
         return self.array[:n]
 
 
+class _FastCalls:
+    """Bind and run through the C++ objects under onnxruntime's Python wrappers.
+
+    The wrappers re-create an OrtDevice on every bind and check for WebGPU graph capture on every run; a decode
+    step binds two or three names and runs once, so on a small model those checks are a visible share of the
+    step. The C++ methods take the same arguments and do the same work for CPU memory. Where an onnxruntime
+    build lacks the attributes used here, the public wrappers (same behaviour, a little slower) are used.
+    """
+
+    def __init__(self, session: ort.InferenceSession, binding: ort.IOBinding) -> None:
+        self._session, self._binding = session, binding
+        self._c_session = getattr(session, "_sess", None)
+        self._c_binding = getattr(binding, "_iobinding", None)
+        self._device = ort.OrtDevice.make("cpu", 0)._get_c_device() if self._c_binding is not None else None
+
+    def bind_input(self, name: str, dtype: type, shape: list[int], pointer: int) -> None:
+        if self._c_binding is None:
+            self._binding.bind_input(name, "cpu", 0, dtype, shape, pointer)
+        else:
+            self._c_binding.bind_input(name, self._device, dtype, shape, pointer)
+
+    def bind_output(self, name: str, dtype: type, shape: list[int], pointer: int) -> None:
+        if self._c_binding is None:
+            self._binding.bind_output(name, "cpu", 0, dtype, shape, pointer)
+        else:
+            self._c_binding.bind_output(name, self._device, dtype, shape, pointer)
+
+    def run(self) -> None:
+        # no RunOptions: with one, onnxruntime's Python wrapper looks up an unset config key on every run and
+        # pays for the exception that lookup raises (~50 us a step)
+        if self._c_session is None or self._c_binding is None:
+            self._session.run_with_iobinding(self._binding)
+        else:
+            self._c_session.run_with_iobinding(self._c_binding, None)
+
+
 class Runner:
     """Runs one model for one sequence: owns its KV cache, its IOBinding and its output buffers.
 
@@ -60,6 +97,7 @@ class Runner:
         self.kv: KVCache = make_kv_cache(model.session, spec, self.max_length)
         self._session = model.session
         self._binding = model.session.io_binding()
+        self._fast = _FastCalls(model.session, self._binding)
         # what each name is bound to now, (pointer, shape): a decode step re-binds only what changed (the
         # attention mask, whose length grows), not input_ids and the output rows, which stay put
         self._bound: dict[str, tuple[int, tuple[int, ...]]] = {}
@@ -101,7 +139,7 @@ class Runner:
         ids = self._ids
         ids[0, :n] = tokens
         self._bind(spec.input_ids_name, np.int64, (1, n), self._ids_pointer)
-        binding.bind_input(spec.attention_mask_name, "cpu", 0, np.int64, [1, total], self._mask_pointer)
+        self._fast.bind_input(spec.attention_mask_name, np.int64, [1, total], self._mask_pointer)
         if caps.position_ids is not None:
             pos = self._positions
             if positions is None:
@@ -124,9 +162,7 @@ class Runner:
         self._bind(spec.logits_name, np.float32, (1, logit_rows, spec.vocab_size), self._logits.pointer, output=True)
         hidden = self._bind_rows(caps.hidden_states, self._hidden, n)
         aux = self._bind_rows(caps.aux_hidden_states, self._aux, n)
-        # no RunOptions: with one, onnxruntime's Python wrapper looks up an unset config key on every run and
-        # pays for the exception that lookup raises (~50 us a step)
-        self._session.run_with_iobinding(binding)
+        self._fast.run()
         self.kv.advance(n)
         return RunOutputs(logits, hidden, aux)
 
@@ -134,8 +170,8 @@ class Runner:
         """Bind ``name`` to host memory unless it is bound to exactly this pointer and shape already."""
         if self._bound.get(name) == (pointer, shape):
             return
-        bind = self._binding.bind_output if output else self._binding.bind_input
-        bind(name, "cpu", 0, dtype, list(shape), pointer)
+        bind = self._fast.bind_output if output else self._fast.bind_input
+        bind(name, dtype, list(shape), pointer)
         self._bound[name] = (pointer, shape)
 
     def _bind_rows(self, name: str | None, buffer: _Growable | None, n: int) -> np.ndarray | None:
