@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 
 from decoctl import ConfigError, Host, Option, Sequence
-from decoctl_eagle.acceptance import (
-    accept_chain_greedy,
-    accept_chain_sampled,
+from decoctl.acceptance import (
+    accept_greedy,
+    accept_sampled,
     choose_child,
     draw,
     log_probabilities,
@@ -307,11 +307,11 @@ class Eagle:
         self._count(self.verify_sizes, len(drafts) + 1)
         self.drafted += len(drafts)
         if not self.sampling:
-            return accept_chain_greedy(rows, drafts)
+            return accept_greedy(rows, drafts)
         p = probabilities(rows, self.temperature)
         if q is None:  # nothing drafted: plain sampling from the pending token's row
             return 0, draw(p[0], host.rng)
-        return accept_chain_sampled(p, q, drafts, host.rng)
+        return accept_sampled(p, q, drafts, host.rng)
 
     def _verify_tree(self, host: Host, tree: DraftTree) -> tuple[list[int], int]:
         """Returns the accepted nodes (root excluded) and the token after them."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from decoctl_eagle.acceptance import log_probabilities
 from decoctl_eagle.drafts import Candidates, DraftTree
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from decoctl.acceptance import log_probabilities
 
 
 def grow(seed: int, depth: int, topk: int) -> Candidates:

@@ -2,12 +2,11 @@
 
 Chains are drafted from the head's q and verified by speculative sampling (min(1, p/q), residual
 norm(max(0, p - q))); trees are chosen deterministically and verified by the point-mass rule over each node's
-children. Both are checked on the rules alone (20,000 draws from random distributions) and end to end on the
-first two tokens of 2,500 seeded generations, with and without a prefix-dependent logits processor.
+children. The rules themselves (decoctl.acceptance) are checked in tests/test_acceptance.py; here, end to end on
+the first two tokens of 2,500 seeded generations, with and without a prefix-dependent logits processor.
 
 Power: every test also runs the same statistic against a plausible wrong answer and requires it to be rejected at
-p < 1e-3: a residual that is not norm(max(0, p - q)), a point-mass rule that does not renormalise after a
-refusal, and verification that ignores the temperature (1.0 instead of 1.3 for chains, of 0.6 for trees: the
+p < 1e-3: verification that ignores the temperature (1.0 instead of 1.3 for chains, of 0.6 for trees: the
 point-mass rule accepts a child with the target's own probability, so the trees are checked where the target is
 confident enough that about half of the generations accept a drafted token). Those differ from the right
 distribution by a total variation of about 0.05-0.1 or more; at these sample sizes the statistic rejects them
@@ -16,13 +15,11 @@ every time, so a pass is evidence, not luck.
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from decoctl_eagle import acceptance
 
 from decoctl import Generator, ProcessorSpec, hookimpl
 from decoctl.plugins import PluginRegistry
@@ -32,71 +29,6 @@ from decoctl.testing.distributions import chi_square_p, exact_two_token_marginal
 ALPHA = 1e-3
 DRAWS = 20_000
 REPETITIVE = "x = [i * i for i in range(10)]\nx = [i * i for i in range(10)]\nx = ["
-
-
-def random_distributions(rng: np.random.Generator, rows: int, vocab: int) -> np.ndarray:
-    weights = rng.gamma(0.6, size=(rows, vocab))
-    return weights / weights.sum(axis=1, keepdims=True)
-
-
-def first_tokens_of_chain(rule: Any, seed: int) -> tuple[Counter[int], np.ndarray]:
-    rng = np.random.default_rng(seed)
-    p, q = random_distributions(rng, 2, 8), random_distributions(rng, 1, 8)
-    counts: Counter[int] = Counter()
-    for _ in range(DRAWS):
-        draft = int(rng.choice(8, p=q[0]))
-        accepted, following = rule(p, q, [draft], rng)
-        counts[draft if accepted else following] += 1
-    return counts, p[0]
-
-
-def tokens_of_tree_node(rule: Any, seed: int) -> tuple[Counter[int], np.ndarray]:
-    rng = np.random.default_rng(seed)
-    p = random_distributions(rng, 1, 8)[0]
-    children = [int(t) for t in np.argsort(-p)[:3]]  # the likeliest tokens, as a good head would propose them
-    counts: Counter[int] = Counter()
-    for _ in range(DRAWS):
-        counts[rule(p, children, rng)[1]] += 1
-    return counts, p
-
-
-def test_the_chain_rule_yields_the_target_distribution() -> None:
-    counts, p = first_tokens_of_chain(acceptance.accept_chain_sampled, seed=1)
-    assert chi_square_p(counts, dict(enumerate(p)), DRAWS) > ALPHA
-
-
-def test_the_statistic_rejects_a_chain_residual_that_is_not_p_minus_q() -> None:
-    def broken(p: np.ndarray, q: np.ndarray, drafts: list[int], rng: np.random.Generator) -> tuple[int, int]:
-        if rng.random() * q[0, drafts[0]] < p[0, drafts[0]]:
-            return 1, 0
-        return 0, acceptance.draw(p[0], rng)  # should be norm(max(0, p - q))
-
-    counts, p = first_tokens_of_chain(broken, seed=1)
-    assert chi_square_p(counts, dict(enumerate(p)), DRAWS) < ALPHA
-
-
-def test_the_point_mass_rule_over_several_children_yields_the_target_distribution() -> None:
-    counts, p = tokens_of_tree_node(acceptance.choose_child, seed=2)
-    assert chi_square_p(counts, dict(enumerate(p)), DRAWS) > ALPHA
-
-
-def test_the_statistic_rejects_a_point_mass_rule_that_does_not_renormalise() -> None:
-    def broken(p: np.ndarray, children: list[int], rng: np.random.Generator) -> tuple[int | None, int]:
-        residual = p.copy()
-        for place, token in enumerate(children):
-            if rng.random() < p[token]:  # should be the renormalised residual's probability
-                return place, token
-            residual[token] = 0.0
-        return None, acceptance.draw(residual, rng)
-
-    counts, p = tokens_of_tree_node(broken, seed=2)
-    assert chi_square_p(counts, dict(enumerate(p)), DRAWS) < ALPHA
-
-
-def test_a_point_mass_residual_takes_its_token_even_when_rounding_says_otherwise() -> None:
-    p = np.zeros(4)
-    p[2] = 1.0 - 1e-17  # rounds to a probability below one uniform draw in 1e16; the rest of p is 0
-    assert acceptance.choose_child(p, [1, 2], np.random.default_rng(0)) == (1, 2)
 
 
 class PenaliseSeen:

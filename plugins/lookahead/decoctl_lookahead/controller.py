@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from decoctl import CapabilityError, Host, Option
+from decoctl.acceptance import choose_child, probabilities
 from decoctl_lookahead.pool import NGramPool
 
 __all__ = ["OPTIONS", "Lookahead"]
@@ -48,19 +49,6 @@ DEGRADED = "lookahead: verification branch only (model has no tree inputs; allow
 def scratch_for(options: dict[str, Any]) -> int:
     """Tree nodes beyond the pending token: the window plus a full verification trie."""
     return 1 + (options["ngram"] - 1) * (options["window"] + options["guesses"])
-
-
-def _probabilities(row: np.ndarray, temperature: float) -> np.ndarray:
-    scaled = row.astype(np.float64) / temperature
-    scaled -= scaled.max()
-    weights = np.exp(scaled)
-    return weights / weights.sum()
-
-
-def _draw(weights: np.ndarray, rng: np.random.Generator) -> int:
-    cumulative = np.cumsum(weights)
-    index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
-    return min(index, len(weights) - 1)
 
 
 class _Trie:
@@ -197,18 +185,10 @@ class Lookahead:
     def _sample_child(
         self, row: np.ndarray, children: dict[int, int], rng: np.random.Generator
     ) -> tuple[int, int | None]:
-        """Point-mass rejection over distinct candidate tokens: try each with its current probability, zeroing
-        and renormalising after each refusal; if all are refused draw from what is left. Exactly p overall."""
-        p = _probabilities(row, self.temperature)
-        for token, child in children.items():
-            if rng.random() < p[token]:
-                return token, child
-            p[token] = 0.0
-            total = p.sum()
-            if total <= 0.0:
-                break
-            p /= total
-        return _draw(p, rng), None
+        """Point-mass rejection over distinct candidate tokens (decoctl.acceptance.choose_child): exactly p overall.
+        Returns the token taken and its child node, or None when no candidate was taken."""
+        place, token = choose_child(probabilities(row, self.temperature), list(children), rng)
+        return token, (None if place is None else children[token])
 
     def _shift_window(self, new_level: np.ndarray) -> None:
         grid = self._grid

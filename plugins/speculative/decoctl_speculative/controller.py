@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from decoctl import ConfigError, Host, Option
-from decoctl_speculative.acceptance import accept_deterministic, accept_greedy, accept_sampled, probabilities
+from decoctl.acceptance import accept_deterministic, accept_greedy, accept_sampled, probabilities
 from decoctl_speculative.draft_length import CostAwareLength, DraftLength, ScheduledLength
 from decoctl_speculative.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter
 

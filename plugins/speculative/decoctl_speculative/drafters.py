@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from decoctl import Host
-from decoctl_speculative.acceptance import draw, probabilities
+from decoctl.acceptance import draw, probabilities
 
 __all__ = ["DraftModelDrafter", "Drafter", "PromptLookupDrafter"]
 
