@@ -28,9 +28,12 @@ from decoctl_lookahead.pool import NGramPool
 __all__ = ["OPTIONS", "Lookahead"]
 
 OPTIONS = (
-    Option(name="window", type="int", default=4, minimum=1, help="W: Jacobi window columns"),
-    Option(name="ngram", type="int", default=4, minimum=2, help="N: n-gram size (the window has N-1 levels)"),
-    Option(name="guesses", type="int", default=4, minimum=1, help="G: pool n-grams verified per step"),
+    # defaults sized for a CPU, where a forward over n tokens costs far more than one (docs/BENCHMARKS.md): a
+    # tree of at most 11 nodes (W=2, N=3, G=3) ran Gemma 3 270M at 1.35x greedy on edit prompts where the wider
+    # shape of up to 25 (W=4, N=4, G=4) ran at 0.96x; the sweep on the demo target is still to come (issue 8)
+    Option(name="window", type="int", default=2, minimum=1, help="W: Jacobi window columns"),
+    Option(name="ngram", type="int", default=3, minimum=2, help="N: n-gram size (the window has N-1 levels)"),
+    Option(name="guesses", type="int", default=3, minimum=1, help="G: pool n-grams verified per step"),
     Option(name="pool_per_key", type="int", default=16, minimum=1, help="n-grams kept per first token"),
     Option(
         name="allow_degraded",
