@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from decoctl.acceptance import draw
 from decoctl.host import Host
 from decoctl.specs import ControllerSpec, Option
 
@@ -52,10 +53,7 @@ def sample_from_logits(row: np.ndarray, rng: np.random.Generator, temperature: f
     """
     scaled = row.astype(np.float64) / temperature
     scaled -= scaled.max()
-    weights = np.exp(scaled)
-    cumulative = np.cumsum(weights)
-    index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
-    return min(index, len(row) - 1)
+    return draw(np.exp(scaled), rng)
 
 
 class Sample:

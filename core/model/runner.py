@@ -134,7 +134,6 @@ class Runner:
         n = len(tokens)
         past = self.kv.length
         total = past + n
-        binding = self._binding
         spec, caps = self._names, self._caps
         ids = self._ids
         ids[0, :n] = tokens
@@ -149,14 +148,14 @@ class Runner:
             self._bind(caps.position_ids, np.int64, (1, n), self._positions_pointer)
         if caps.attention_bias is not None:
             bias_view = self._bias_view(n, total, bias)
-            binding.bind_input(caps.attention_bias, "cpu", 0, np.float32, [1, 1, n, total], bias_view.ctypes.data)
+            self._fast.bind_input(caps.attention_bias, np.float32, [1, 1, n, total], bias_view.ctypes.data)
         if caps.feature_input is not None and self._features is not None:
             if features is None:
                 raise SequenceError(f"{self.model.name} takes {caps.feature_input}: pass one row of features per token")
             self._features.rows(n)[:] = features
             width = self._features.width
             self._bind(caps.feature_input, np.float32, (1, n, width), self._features.pointer)
-        self.kv.bind(binding, n)
+        self.kv.bind(self._binding, n)
         logit_rows = n if caps.logits_all_positions else 1
         logits = self._logits.rows(logit_rows)
         self._bind(spec.logits_name, np.float32, (1, logit_rows, spec.vocab_size), self._logits.pointer, output=True)

@@ -17,8 +17,19 @@ import numpy as np
 
 from decoctl.host import Sequence
 from decoctl.model import load_model
+from decoctl.plugins import hookimpl
+from decoctl.specs import ProcessorSpec
 
-__all__ = ["NO_SECOND", "chi_square_p", "exact_two_token_marginals", "sample_two_tokens", "softmax"]
+__all__ = [
+    "NO_SECOND",
+    "PenaliseSeen",
+    "PenaliseSeenPlugin",
+    "chi_square_p",
+    "exact_two_token_marginals",
+    "penalise_seen",
+    "sample_two_tokens",
+    "softmax",
+]
 
 #: the second-token cell for "the first token ended the generation"
 NO_SECOND = -1
@@ -90,3 +101,36 @@ def sample_two_tokens(generator: Any, prompt: str, trials: int) -> tuple[Counter
         first[tokens[0]] += 1
         second[tokens[1] if len(tokens) > 1 else NO_SECOND] += 1
     return first, second
+
+
+class PenaliseSeen:
+    """A test processor that subtracts 1.5 from every token already in the row's prefix: prefix-dependent, so a
+    sampling check with it shows that every drafted and verified row is processed with its own prefix."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        del options
+
+    def __call__(self, rows: np.ndarray, context: Any) -> np.ndarray:
+        for index in range(len(rows)):
+            rows[index, np.unique(context.prefix(index))] -= 1.5
+        return rows
+
+    def commit(self, tokens: Any) -> None:
+        del tokens
+
+    def reset(self, prompt: Any) -> None:
+        del prompt
+
+
+def penalise_seen(row: np.ndarray, prefix: list[int]) -> np.ndarray:
+    """PenaliseSeen on one row, for exact_two_token_marginals' ``process``."""
+    row[np.unique(prefix)] -= 1.5
+    return row
+
+
+class PenaliseSeenPlugin:
+    """Registers PenaliseSeen as the processor "penalise-seen" (``registry.register(PenaliseSeenPlugin(), ...)``)."""
+
+    @hookimpl
+    def decoctl_logits_processors(self) -> list[ProcessorSpec]:
+        return [ProcessorSpec(name="penalise-seen", summary="test processor", factory=PenaliseSeen)]

@@ -16,49 +16,23 @@ every time, so a pass is evidence, not luck.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 
-from decoctl import Generator, ProcessorSpec, hookimpl
+from decoctl import Generator
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import EOS_TOKEN_ID
-from decoctl.testing.distributions import chi_square_p, exact_two_token_marginals, sample_two_tokens
+from decoctl.testing.distributions import (
+    PenaliseSeenPlugin,
+    chi_square_p,
+    exact_two_token_marginals,
+    penalise_seen,
+    sample_two_tokens,
+)
 
 ALPHA = 1e-3
 DRAWS = 20_000
 REPETITIVE = "x = [i * i for i in range(10)]\nx = [i * i for i in range(10)]\nx = ["
-
-
-class PenaliseSeen:
-    """Subtracts 1.5 from every token already in the row's prefix: prefix-dependent, so it checks that every
-    drafted and verified row is processed with its own prefix."""
-
-    def __init__(self, options: dict[str, Any]) -> None:
-        del options
-
-    def __call__(self, rows: np.ndarray, context: Any) -> np.ndarray:
-        for index in range(len(rows)):
-            rows[index, np.unique(context.prefix(index))] -= 1.5
-        return rows
-
-    def commit(self, tokens: Any) -> None:
-        del tokens
-
-    def reset(self, prompt: Any) -> None:
-        del prompt
-
-
-def penalise_seen(row: np.ndarray, prefix: list[int]) -> np.ndarray:
-    row[np.unique(prefix)] -= 1.5
-    return row
-
-
-class ProcessorPlugin:
-    @hookimpl
-    def decoctl_logits_processors(self) -> list[ProcessorSpec]:
-        return [ProcessorSpec(name="penalise-seen", summary="test processor", factory=PenaliseSeen)]
 
 
 CHAIN = {"drafting": "chain", "k": 2, "temperature": 1.3}
@@ -76,7 +50,7 @@ def test_sampling_eagle_matches_plain_sampling_on_the_first_two_tokens(
     case: str, target: Path, mimic_head: Path, registry: PluginRegistry
 ) -> None:
     options, prompt, processed = CASES[case]
-    registry.register(ProcessorPlugin(), "test-processors")
+    registry.register(PenaliseSeenPlugin(), "test-processors")
     generator = Generator(
         {"target": target, "eagle": mimic_head},
         "eagle",
