@@ -94,12 +94,13 @@ class CostAwareLength(DraftLength):
         low = min(self.low, high)
         a = self._acceptance.setdefault(bucket, _Acceptance()).rate
         d = self._draft_cost()
+        curve = self._curve(high + 1)  # once per step: the loop below prices every k on it
         best, best_rate = low, -1.0
         expected = sum(a**i for i in range(low + 1))
         for k in range(low, high + 1):
             if k > low:
                 expected += a**k
-            rate = expected / (self.cost(k + 1) + k * d)
+            rate = expected / (curve[k] + k * d)
             if rate > best_rate:
                 best, best_rate = k, rate
         self.value = best
@@ -120,22 +121,33 @@ class CostAwareLength(DraftLength):
 
     def cost(self, n: int) -> float:
         """c(n): a forward over n tokens in one-token forwards, from what was measured (module docstring)."""
-        if n == 1:
-            return 1.0
+        return self._curve(n)[n - 1]
+
+    def _curve(self, up_to: int) -> list[float]:
+        """[c(1), ..., c(up_to)] in one pass: measured sizes as measured, sizes between them on the straight line
+        through their neighbours, sizes beyond the largest on the last two points' slope (the prior slope while
+        only the one-token forward is known)."""
         unit = self._mean(1)
-        measured = {size: self._mean(size) / unit for size in self._seconds if size > 1} if unit else {}
-        if n in measured:
-            return measured[n]
-        points = [(1, 1.0), *sorted(measured.items())]
-        below = max((p for p in points if p[0] < n), key=lambda p: p[0])
-        above = [p for p in points if p[0] > n]
-        if above:
-            (n1, c1), (n2, c2) = below, min(above, key=lambda p: p[0])
-            return c1 + (c2 - c1) * (n - n1) / (n2 - n1)
-        if len(points) == 1:
-            return 1.0 + PRIOR_SLOPE * (n - 1)
-        (n1, c1), (n2, c2) = points[-2:]
-        return c2 + max((c2 - c1) / (n2 - n1), 0.0) * (n - n2)
+        points = [(1, 1.0)]
+        if unit:
+            points += sorted((size, self._mean(size) / unit) for size in self._seconds if size > 1)
+        curve: list[float] = []
+        last = 0  # the index of the largest measured size <= n
+        for n in range(1, up_to + 1):
+            while last + 1 < len(points) and points[last + 1][0] <= n:
+                last += 1
+            n1, c1 = points[last]
+            if n1 == n:
+                curve.append(c1)
+            elif last + 1 < len(points):
+                n2, c2 = points[last + 1]
+                curve.append(c1 + (c2 - c1) * (n - n1) / (n2 - n1))
+            elif len(points) == 1:
+                curve.append(1.0 + PRIOR_SLOPE * (n - 1))
+            else:
+                (m1, d1), (m2, d2) = points[-2:]
+                curve.append(d2 + max((d2 - d1) / (m2 - m1), 0.0) * (n - m2))
+        return curve
 
     def _mean(self, size: int) -> float:
         total, count = self._seconds.get(size, (0.0, 0))
