@@ -1,0 +1,101 @@
+"""Micro-measurements behind docs/BENCHMARKS.md's host and logits-chain notes, each an in-process A/B.
+
+    .venv/bin/python tools/bench_host_step.py sessions MODEL     # three sessions of MODEL, step time by load order
+    DECOCTL_HUGE_PAGES=0 .venv/bin/python tools/bench_host_step.py sessions MODEL    # the same without huge pages
+    .venv/bin/python tools/bench_host_step.py fast-path MODEL    # runner through onnxruntime's C++ objects vs wrappers
+    .venv/bin/python tools/bench_host_step.py chain MODEL "top_k=40,top_p=0.95,temperature=0.8"   # per processor
+
+Runs with decoctl's own venv, one intra-op thread. Each mode alternates its contenders round by round and prints
+medians (microseconds or milliseconds a step), so drift in machine load hits all alike; run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from decoctl.generate import Generator
+from decoctl.host import Sequence
+from decoctl.model import load_model
+
+PROMPT = "def fibonacci(n):\n"
+
+
+def decode_loop(sequence: Sequence, steps: int = 128) -> float:
+    """Microseconds a one-token step, greedy, after a 12-token prefix."""
+    sequence.rewind(0)
+    sequence.forward(np.arange(10, 22))
+    token = 5
+    started = time.perf_counter()
+    for _ in range(steps):
+        token = int(sequence.forward((token,))[-1].argmax())
+    return (time.perf_counter() - started) / steps * 1e6
+
+
+def alternate(contenders: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    results: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else names[::-1]:
+            results[name].append(contenders[name]())
+    return {name: statistics.median(values) for name, values in results.items()}
+
+
+def sessions(model: str, rounds: int) -> None:
+    loaded = [Sequence("target", load_model(model, threads=1, name=f"s{i}"), max_length=256) for i in range(3)]
+    medians = alternate({f"session {i + 1}": (lambda s=s: decode_loop(s)) for i, s in enumerate(loaded)}, rounds)
+    for name, value in medians.items():
+        print(f"{name} (loaded {name[-1]}): {value / 1000:.2f} ms a step")
+
+
+def fast_path(model: str, rounds: int) -> None:
+    loaded = load_model(model, threads=1)
+    fast = Sequence("target", loaded, max_length=256)
+    wrapped = Sequence("target", loaded, max_length=256)
+    wrapped._runner._fast._c_binding = None  # the public onnxruntime wrappers, as before the fast path
+    medians = alternate({"C++ objects": lambda: decode_loop(fast), "wrappers": lambda: decode_loop(wrapped)}, rounds)
+    for name, value in medians.items():
+        print(f"{name}: {value:.1f} us a step")
+
+
+def chain(model: str, processors: str, rounds: int) -> None:
+    generator = Generator({"target": model}, "greedy", processors=processors, threads=1)
+    spent: dict[str, float] = {}
+    for processor in generator.chain.processors:
+        name, call = type(processor).__name__, type(processor).__call__
+
+        def timed(self, rows, context, _call=call, _name=name):  # type: ignore[no-untyped-def]
+            started = time.perf_counter()
+            result = _call(self, rows, context)
+            spent[_name] = spent.get(_name, 0.0) + time.perf_counter() - started
+            return result
+
+        type(processor).__call__ = timed  # type: ignore[method-assign]
+    tokens = 0
+    for _ in range(rounds):
+        tokens += generator.generate(PROMPT, max_new_tokens=128).stats.new_tokens
+    for name, seconds in spent.items():
+        print(f"{name}: {seconds / tokens * 1e6:.1f} us a token inside the generation loop")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("sessions", "fast-path", "chain"))
+    parser.add_argument("model")
+    parser.add_argument("processors", nargs="?", default="top_k=40,top_p=0.95,temperature=0.8")
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args()
+    if args.mode == "sessions":
+        sessions(args.model, args.rounds)
+    elif args.mode == "fast-path":
+        fast_path(args.model, max(args.rounds, 20))
+    else:
+        chain(args.model, args.processors, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
