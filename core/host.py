@@ -488,7 +488,7 @@ class Host:
             raise SequenceError(f"process() got {n} rows and {len(paths)} paths: give one path per row")
         context = ProcessContext(
             self._prompt,
-            np.asarray(self._output.tokens, np.int64),
+            self._output.ids,
             paths,
             eos_token_ids=self._output.rules.eos_token_ids,
             tokenizer=self.target.model.tokenizer,

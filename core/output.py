@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 import attrs
+import numpy as np
 
 from decoctl.model.tokenizer import IncrementalDetokenizer
 
@@ -36,6 +37,7 @@ class Output:
         self.rules = rules
         self.tokens: list[int] = []
         self.stop_reason: str | None = None
+        self._ids = np.empty(64, np.int64)  # the same tokens as an array that grows by doubling
         self._detokenizer = detokenizer
         self._sink = sink
         self._text = ""
@@ -59,6 +61,13 @@ class Output:
         """The text so far (a stop string and an unfinished UTF-8 character excluded)."""
         return self._text
 
+    @property
+    def ids(self) -> np.ndarray:
+        """int64[len(tokens)]: the committed tokens as an array (a read-only view, valid until the next commit)."""
+        view = self._ids[: len(self.tokens)]
+        view.flags.writeable = False
+        return view
+
     def is_eos(self, token: int) -> bool:
         return token in self.rules.eos_token_ids
 
@@ -76,6 +85,8 @@ class Output:
                 self._append_text(self._detokenizer.push((token,)))
             if self.stop_reason is None and self.remaining <= 0:
                 self.stop_reason = "max_new_tokens" if len(self.tokens) >= self.rules.max_new_tokens else "max_length"
+        if taken:
+            self._store(taken)
         if taken and not self.rules.stop_strings:
             text_tokens = taken[:-1] if self.stop_reason == "eos" else taken
             self._append_text(self._detokenizer.push(text_tokens))
@@ -84,6 +95,15 @@ class Output:
         if taken:
             self._emit(taken)
         return len(taken)
+
+    def _store(self, taken: list[int]) -> None:
+        end = len(self.tokens)
+        if end > self._ids.size:
+            grown = np.empty(max(end, 2 * self._ids.size), np.int64)
+            grown[: end - len(taken)] = self._ids[: end - len(taken)]
+            self._ids = grown
+        for at, token in enumerate(taken, end - len(taken)):  # a few tokens: scalar stores beat a list conversion
+            self._ids[at] = token
 
     def _append_text(self, piece: str) -> None:
         if not piece or self.stop_reason == "stop_string":

@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["LogitsProcessor", "ProcessContext", "ProcessorChain"]
+__all__ = ["LogitsProcessor", "ProcessContext", "ProcessorChain", "fuse"]
 
 
 class ProcessContext:
@@ -24,7 +24,7 @@ class ProcessContext:
     processors that need the vocabulary's text, such as a grammar).
     """
 
-    __slots__ = ("eos_token_ids", "output", "paths", "prompt", "tokenizer")
+    __slots__ = ("_generated", "_prefixes", "eos_token_ids", "output", "paths", "prompt", "tokenizer")
 
     def __init__(
         self,
@@ -40,13 +40,26 @@ class ProcessContext:
         self.paths = paths
         self.eos_token_ids = frozenset(eos_token_ids)
         self.tokenizer = tokenizer
+        self._prefixes: dict[int, np.ndarray] = {}
+        self._generated: dict[int, np.ndarray] = {}
 
     def prefix(self, row: int) -> np.ndarray:
-        """int64[p + m + len(paths[row])]: every token before row ``row``'s position."""
-        path = self.paths[row]
-        if not len(path):
-            return np.concatenate((self.prompt, self.output))
-        return np.concatenate((self.prompt, self.output, np.asarray(path, np.int64)))
+        """int64[p + m + len(paths[row])]: every token before row ``row``'s position. Built once per row and
+        shared by every processor of the call: read it, never write to it."""
+        found = self._prefixes.get(row)
+        if found is None:
+            found = self._prefixes[row] = np.concatenate((self.prompt, self.generated(row)))
+        return found
+
+    def generated(self, row: int) -> np.ndarray:
+        """int64[m + len(paths[row])]: the tokens generated before row ``row`` (committed output, then that row's
+        drafted path). Shared like ``prefix``: read-only."""
+        found = self._generated.get(row)
+        if found is None:
+            path = self.paths[row]
+            found = self.output if not len(path) else np.concatenate((self.output, np.asarray(path, np.int64)))
+            self._generated[row] = found
+        return found
 
     def new_tokens(self, row: int) -> int:
         """How many generated tokens precede row ``row`` (committed plus drafted)."""
@@ -58,7 +71,13 @@ class LogitsProcessor(Protocol):
     """One step of a chain. ``__call__`` returns float32[n, vocab]; it may modify ``rows`` in place (the
     chain hands it a private copy). Stateful processors (a grammar) advance in ``commit`` and start over in
     ``reset``; they must not advance on drafted tokens, which reach them only through ``context.paths``.
-    A processor with a true ``terminal`` attribute (greedy, sample) must come last in its chain."""
+    A processor with a true ``terminal`` attribute (greedy, sample) must come last in its chain.
+
+    Optionally, ``fuse(following)`` returns one processor that does what this one and ``following`` do in turn
+    (with identical results), or None: the chain folds neighbours together this way when it is built, so a
+    plugin can run several of its processors as one pass (the logits chain narrows to the candidates a top_k
+    leaves, as llama.cpp's sampler chain does). ``commit`` and ``reset`` keep going to the processors as
+    configured, never to a fused one, so fusing never changes what state a processor sees."""
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray: ...
 
@@ -67,21 +86,39 @@ class LogitsProcessor(Protocol):
     def reset(self, prompt: np.ndarray) -> None: ...
 
 
+def fuse(processors: Sequence[LogitsProcessor]) -> tuple[LogitsProcessor, ...]:
+    """The steps that run ``processors`` in order: neighbours folded by their optional ``fuse`` (left to right)."""
+    steps: list[LogitsProcessor] = []
+    for processor in processors:
+        fused = getattr(steps[-1], "fuse", None) if steps else None
+        joined = fused(processor) if fused is not None else None
+        if joined is None:
+            steps.append(processor)
+        else:
+            steps[-1] = joined
+    return tuple(steps)
+
+
 class ProcessorChain:
-    """Processors applied in order. An empty chain is the identity and copies nothing."""
+    """Processors applied in order. An empty chain is the identity and copies nothing.
+
+    ``processors`` are the processors as configured (``commit`` and ``reset`` reach each of them once);
+    ``steps`` are what a call runs: the same processors with fusable neighbours folded together (``fuse``).
+    """
 
     def __init__(self, processors: Sequence[LogitsProcessor] = ()) -> None:
         self.processors = tuple(processors)
+        self.steps = fuse(self.processors)
 
     def __bool__(self) -> bool:
         return bool(self.processors)
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
-        if not self.processors:
+        if not self.steps:
             return rows
         out = np.array(rows, dtype=np.float32, copy=True)
-        for processor in self.processors:
-            out = processor(out, context)
+        for step in self.steps:
+            out = step(out, context)
         return out
 
     def commit(self, tokens: Sequence[int]) -> None:

@@ -65,8 +65,10 @@ def fast_path(model: str, rounds: int) -> None:
 def chain(model: str, processors: str, rounds: int) -> None:
     generator = Generator({"target": model}, "greedy", processors=processors, threads=1)
     spent: dict[str, float] = {}
-    for processor in generator.chain.processors:
+    for processor in generator.chain.steps:  # as run: fused neighbours (a CandidateRun) time as one
         name, call = type(processor).__name__, type(processor).__call__
+        if hasattr(processor, "steps"):
+            name += f"({', '.join(type(step).__name__ for step in processor.steps)})"
 
         def timed(self, rows, context, _call=call, _name=name):  # type: ignore[no-untyped-def]
             started = time.perf_counter()
@@ -80,6 +82,7 @@ def chain(model: str, processors: str, rounds: int) -> None:
         tokens += generator.generate(PROMPT, max_new_tokens=128).stats.new_tokens
     for name, seconds in spent.items():
         print(f"{name}: {seconds / tokens * 1e6:.1f} us a token inside the generation loop")
+    print(f"all steps: {sum(spent.values()) / tokens * 1e6:.1f} us a token")
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import attrs
 from tokenizers import Tokenizer as HfTokenizer
+from tokenizers.decoders import DecodeStream
 
 from decoctl.errors import ModelLoadError
 
@@ -67,30 +68,37 @@ class Tokenizer:
 class IncrementalDetokenizer:
     """Turns a growing token list into text pieces, holding back bytes of an unfinished UTF-8 character.
 
-    Byte-level BPE splits a multi-byte character across tokens; decoding a prefix then ends in U+FFFD.
-    Decoding a short window (from ``_prefix`` on) and emitting only the part past ``_read`` keeps each
-    step O(window), not O(output).
+    Byte-level BPE splits a multi-byte character across tokens; decoding a prefix then ends in U+FFFD. Each
+    token goes through tokenizers' own ``DecodeStream`` (one call into Rust a token, which decodes a short window
+    and emits only what is finished); ``flush`` emits what is still held back, an unfinished character as U+FFFD.
     """
 
     _tokenizer: Tokenizer
+    _stream: DecodeStream = attrs.field(factory=lambda: DecodeStream(skip_special_tokens=True))
     _ids: list[int] = attrs.field(factory=list)
-    _prefix: int = 0
-    _read: int = 0
+    _emitted: int = 0  # how many of _ids the text so far covers
 
     def push(self, ids: Sequence[int]) -> str:
         """Add tokens; return the newly finished text (possibly empty)."""
-        self._ids.extend(ids)
-        before = self._tokenizer.decode(self._ids[self._prefix : self._read])
-        after = self._tokenizer.decode(self._ids[self._prefix :])
-        if after.endswith(REPLACEMENT) or len(after) <= len(before):
-            return ""
-        self._prefix = self._read
-        self._read = len(self._ids)
-        return after[len(before) :]
+        inner, pieces = self._tokenizer._inner, []
+        for token in ids:
+            self._ids.append(token)
+            piece = self._stream.step(inner, token)
+            if piece is not None:
+                pieces.append(piece)
+                self._emitted = len(self._ids)
+        return "".join(pieces)
 
     def flush(self) -> str:
         """The text still held back (an unfinished character is emitted as U+FFFD)."""
-        before = self._tokenizer.decode(self._ids[self._prefix : self._read])
-        after = self._tokenizer.decode(self._ids[self._prefix :])
-        self._prefix = self._read = len(self._ids)
+        if self._emitted == len(self._ids):
+            return ""
+        context = max(0, self._emitted - CONTEXT)  # decode with a few tokens before, as the stream does
+        before = self._tokenizer.decode(self._ids[context : self._emitted])
+        after = self._tokenizer.decode(self._ids[context:])
+        self._emitted = len(self._ids)
+        self._stream = DecodeStream(skip_special_tokens=True)
         return after[len(before) :]
+
+
+CONTEXT = 8

@@ -3,7 +3,9 @@
 Every row is processed with its own prefix (``context.prefix(row)``: prompt, committed output, then the tokens
 drafted before that row), so a verifier sees what plain decoding would have seen at that position. Loops run
 over rows and prefix tokens, never over the vocabulary. Prefix tokens are ids below the vocabulary size (the host
-checks every token it feeds), so they index rows directly.
+checks every token it feeds), so they index rows directly. The penalties and no_repeat_ngram keep their counts
+up to date through ``reset``/``commit`` (decoctl_logits_chain.history) and recount only for a context they did
+not follow.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 
 from decoctl import ProcessContext
 from decoctl_logits_chain.base import NEG_INF, Processor, check_vocab
+from decoctl_logits_chain.history import NGramTable, TokenTally
 
 __all__ = [
     "BadWords",
@@ -29,11 +32,6 @@ __all__ = [
 ]
 
 
-def _generated(context: ProcessContext, row: int) -> np.ndarray:
-    """int64[k]: the tokens generated before ``row`` (committed output, then that row's drafted path)."""
-    return np.concatenate((context.output, np.asarray(context.paths[row], np.int64)))
-
-
 def _eos(context: ProcessContext, vocab: int) -> np.ndarray:
     return np.fromiter((t for t in context.eos_token_ids if t < vocab), np.int64)
 
@@ -45,29 +43,48 @@ def _mask_eos_where(rows: np.ndarray, context: ProcessContext, short: list[int])
     return rows
 
 
-class RepetitionPenalty(Processor):
+class _Tallied(Processor):
+    """A penalty over the distinct tokens before each row (with their counts), kept in a TokenTally."""
+
+    def __init__(self, include_prompt: bool) -> None:
+        self.include_prompt = include_prompt
+        self.tally = TokenTally(include_prompt)
+
+    def reset(self, prompt: np.ndarray) -> None:
+        self.tally.reset(prompt)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self.tally.commit(tokens)
+
+    def _seen(self, context: ProcessContext, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """(int64[u] the distinct tokens before ``row``, float32[u] how often each occurred)."""
+        if self.tally.follows(context):
+            return self.tally.with_path(context.paths[row])
+        seen = context.prefix(row) if self.include_prompt else context.generated(row)
+        ids, counts = np.unique(seen, return_counts=True)
+        return ids, counts.astype(np.float32)
+
+
+class RepetitionPenalty(_Tallied):
     """For every token t already in the prefix (the prompt too unless include_prompt=false):
     logit_t <- logit_t / penalty if logit_t > 0, else logit_t * penalty. Once per token, however often it occurs."""
 
     def __init__(self, penalty: float, include_prompt: bool = True) -> None:
+        super().__init__(include_prompt)
         self.penalty = np.float32(penalty)
-        self.include_prompt = include_prompt
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         for index, row in enumerate(rows):
-            seen = context.prefix(index) if self.include_prompt else _generated(context, index)
+            seen, _ = self._seen(context, index)
             values = row[seen]
             row[seen] = np.where(values < 0, values * self.penalty, values / self.penalty)
         return rows
 
 
-class _CountPenalty(Processor):
+class _CountPenalty(_Tallied):
     def __init__(self, amount: float, include_prompt: bool = False) -> None:
+        super().__init__(include_prompt)
         self.amount = np.float32(amount)
-        self.include_prompt = include_prompt
-
-    def _seen(self, context: ProcessContext, row: int) -> np.ndarray:
-        return context.prefix(row) if self.include_prompt else _generated(context, row)
 
 
 class PresencePenalty(_CountPenalty):
@@ -76,8 +93,8 @@ class PresencePenalty(_CountPenalty):
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         for index, row in enumerate(rows):
-            seen = self._seen(context, index)
-            row[seen] = row[seen] - self.amount  # a repeated index writes the same value: once per token
+            seen, _ = self._seen(context, index)
+            row[seen] -= self.amount
         return rows
 
 
@@ -87,7 +104,8 @@ class FrequencyPenalty(_CountPenalty):
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         for index, row in enumerate(rows):
-            np.subtract.at(row, self._seen(context, index), self.amount)
+            seen, counts = self._seen(context, index)
+            row[seen] -= self.amount * counts
         return rows
 
 
@@ -97,24 +115,34 @@ class NoRepeatNGram(Processor):
 
     def __init__(self, ngram_size: int) -> None:
         self.n = ngram_size
+        self.table = NGramTable(ngram_size)
+
+    def reset(self, prompt: np.ndarray) -> None:
+        self.table.reset(prompt)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self.table.commit(tokens)
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
-        k = self.n - 1
+        follows = self.table.follows(context)
         for index, row in enumerate(rows):
-            prefix = context.prefix(index)
-            if len(prefix) < self.n:
-                continue
-            if k == 0:
-                banned = prefix
-            else:
-                # earlier k-grams equal to the last k tokens: test the first token everywhere, the rest only there
-                tail = prefix[len(prefix) - k :]
-                starts = np.flatnonzero(prefix[: len(prefix) - k] == tail[0])
-                if k > 1 and starts.size:
-                    starts = starts[(prefix[starts[:, None] + np.arange(1, k)] == tail[1:]).all(axis=1)]
-                banned = prefix[starts + k]
-            row[banned] = NEG_INF
+            banned = self.table.banned(context.paths[index]) if follows else self._recount(context, index)
+            if len(banned):
+                row[banned] = NEG_INF
         return rows
+
+    def _recount(self, context: ProcessContext, row: int) -> np.ndarray:
+        prefix, k = context.prefix(row), self.n - 1
+        if len(prefix) < self.n:
+            return prefix[:0]
+        if k == 0:
+            return prefix
+        # earlier k-grams equal to the last k tokens: test the first token everywhere, the rest only there
+        tail = prefix[len(prefix) - k :]
+        starts = np.flatnonzero(prefix[: len(prefix) - k] == tail[0])
+        if k > 1 and starts.size:
+            starts = starts[(prefix[starts[:, None] + np.arange(1, k)] == tail[1:]).all(axis=1)]
+        return prefix[starts + k]
 
 
 class MinLength(Processor):

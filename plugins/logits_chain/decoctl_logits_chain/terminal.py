@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from decoctl import ProcessContext
-from decoctl_logits_chain.base import NEG_INF, Processor
+from decoctl_logits_chain.base import NEG_INF
+from decoctl_logits_chain.candidates import Narrowing
 
 __all__ = ["GreedyTerminal", "SampleTerminal"]
 
 
-class GreedyTerminal(Processor):
+class GreedyTerminal(Narrowing):
     """Keep each row's argmax only (the first on ties): logit_t <- -inf for t != argmax_j logit_j.
 
     Any controller that samples from processed rows then decodes greedily (a speculative verifier accepts a
@@ -26,8 +27,11 @@ class GreedyTerminal(Processor):
         np.put_along_axis(rows, best, kept, axis=1)
         return rows
 
+    def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return ids[:1], logits[:1]  # sorted, tied ids ascending: the dense argmax (the first maximum)
 
-class SampleTerminal(Processor):
+
+class SampleTerminal(Narrowing):
     """The identity: the chain ends in a draw from softmax(processed logits) with the generation's rng (the
     chain controller's default; written out, it documents the intent and forbids steps after it)."""
 
@@ -35,3 +39,6 @@ class SampleTerminal(Processor):
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         return rows
+
+    def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return ids, logits

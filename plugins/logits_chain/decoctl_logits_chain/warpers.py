@@ -2,6 +2,10 @@
 
 Each matches transformers' warper of the same name (``TopPLogitsWarper`` and so on) with ``filter_value=-inf``.
 Removed tokens get -inf; a row that every earlier step masked entirely is left as it is.
+
+Every warper also works on a row's candidates (``narrow``: the ids and logits of its finite entries), so that
+neighbouring warpers fuse into one ``CandidateRun`` (decoctl_logits_chain.candidates) that, after a top_k, handles
+tens of tokens instead of the whole vocabulary. Dense and narrowed forms give the same tokens and logits.
 """
 
 from __future__ import annotations
@@ -9,12 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 from decoctl import ConfigError, ProcessContext
-from decoctl_logits_chain.base import NEG_INF, Processor, kth_largest, log_normaliser, log_softmax
+from decoctl_logits_chain.base import NEG_INF, kth_largest, log_normaliser, log_softmax
+from decoctl_logits_chain.candidates import Narrowing, select_top, sort_candidates, through_ties
 
 __all__ = ["Epsilon", "Eta", "MinP", "Temperature", "TopK", "TopP", "TypicalP"]
 
 
-class Temperature(Processor):
+class Temperature(Narrowing):
     """logits / T. T < 1 sharpens the distribution, T > 1 flattens it; T must be > 0."""
 
     def __init__(self, temperature: float) -> None:
@@ -29,8 +34,11 @@ class Temperature(Processor):
         rows /= self.temperature
         return rows
 
+    def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return ids, logits / self.temperature
 
-class TopK(Processor):
+
+class TopK(Narrowing):
     """Keep logit_i >= the k-th largest logit (k = max(top_k, min_tokens_to_keep)); ties at the k-th all stay."""
 
     def __init__(self, top_k: int, min_tokens_to_keep: int = 1) -> None:
@@ -40,6 +48,13 @@ class TopK(Processor):
         if self.k < rows.shape[1]:
             rows[rows < kth_largest(rows, self.k)] = NEG_INF
         return rows
+
+    def enter(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return sort_candidates(select_top(row, self.k), row)
+
+    def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = through_ties(logits, self.k)
+        return ids[:n], logits[:n]
 
 
 HEAD = 64  # the first partial sort: enough for the head of a peaked distribution or the rest of a top_k
@@ -70,7 +85,7 @@ def _largest(values: np.ndarray, k: int) -> np.ndarray:
     return np.sort(values)[::-1]
 
 
-class TopP(Processor):
+class TopP(Narrowing):
     """Nucleus sampling: sort by probability ascending, cumulative c_j = sum_{i<=j} p_(i); drop tokens with
     c_j <= 1 - top_p, always keeping the min_tokens_to_keep most probable. top_p = 1 keeps everything.
 
@@ -89,22 +104,33 @@ class TopP(Processor):
         for row in rows:
             alive = np.flatnonzero(row > -np.inf)  # masked tokens carry no mass: work on the rest
             logits = row[alive]
-            if logits.size <= self.min_keep:
-                continue
-            top = logits.max()
-            head = _largest(logits, max(HEAD, self.min_keep))
-            mass = np.cumsum(np.exp(head.astype(np.float64) - top))  # unnormalised, from the top down
-            total = mass[-1] if head.size == logits.size else np.exp(logits.astype(np.float64) - top).sum()
-            if mass[-1] < self.top_p * total:  # the nucleus is wider than the head: sort everything
-                head = _largest(logits, logits.size)
-                mass = np.cumsum(np.exp(head.astype(np.float64) - top))
-            # rank r stays iff the mass above it, mass[r - 1] (0 for the top token), is below top_p
-            above = min(int(np.searchsorted(mass, self.top_p * total)), head.size - 1)
-            row[alive[logits < head[max(above + (self.top_p > 0), self.min_keep) - 1]]] = NEG_INF
+            if logits.size > self.min_keep:
+                row[alive[logits < self._cut(logits)]] = NEG_INF
         return rows
 
+    def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.top_p >= 1.0 or logits.size <= self.min_keep:
+            return ids, logits
+        mass = np.cumsum(np.exp(logits.astype(np.float64) - logits[0]))  # sorted: the head is everything
+        above = min(int(np.searchsorted(mass, self.top_p * mass[-1])), logits.size - 1)
+        n = through_ties(logits, max(above + (self.top_p > 0), self.min_keep))
+        return ids[:n], logits[:n]
 
-class MinP(Processor):
+    def _cut(self, logits: np.ndarray) -> np.float32:
+        """The smallest logit that stays, among finite ``logits`` (more than min_keep of them)."""
+        top = logits.max()
+        head = _largest(logits, max(HEAD, self.min_keep))
+        mass = np.cumsum(np.exp(head.astype(np.float64) - top))  # unnormalised, from the top down
+        total = mass[-1] if head.size == logits.size else np.exp(logits.astype(np.float64) - top).sum()
+        if mass[-1] < self.top_p * total:  # the nucleus is wider than the head: sort everything
+            head = _largest(logits, logits.size)
+            mass = np.cumsum(np.exp(head.astype(np.float64) - top))
+        # rank r stays iff the mass above it, mass[r - 1] (0 for the top token), is below top_p
+        above = min(int(np.searchsorted(mass, self.top_p * total)), head.size - 1)
+        return head[max(above + (self.top_p > 0), self.min_keep) - 1]
+
+
+class MinP(Narrowing):
     """Drop tokens with p_i < min_p * max_j p_j (equivalently logit_i < max logit + log min_p), keeping the
     min_tokens_to_keep largest logits."""
 
@@ -119,8 +145,13 @@ class MinP(Processor):
         rows[(rows < cut) & (rows < kth_largest(rows, self.min_keep))] = NEG_INF
         return rows
 
+    def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.min_p <= 0 or logits.size <= self.min_keep:
+            return ids, logits
+        return _keep_above(ids, logits, logits[0] + np.float32(np.log(self.min_p)), self.min_keep)
 
-class TypicalP(Processor):
+
+class TypicalP(Narrowing):
     """Locally typical sampling: with entropy H = -sum p log p, rank tokens by |-log p_i - H| ascending and keep
     the smallest set whose probability reaches ``mass`` (plus min_tokens_to_keep), dropping the rest."""
 
@@ -131,20 +162,29 @@ class TypicalP(Processor):
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         for row in rows:
             alive = np.flatnonzero(row > -np.inf)  # masked tokens have infinite surprise: they always go
-            if alive.size <= self.min_keep:
-                continue
-            logp = log_softmax(row[None, alive])[0]
-            p = np.exp(logp)
-            surprise = np.abs(-logp + (p * logp).sum())
-            order, cumulative = _ranked_until(surprise, p, self.mass, self.min_keep)
-            last = min(int((cumulative < self.mass).sum()), order.size - 1)
-            drop = surprise > surprise[order[last]]
-            drop[order[: self.min_keep]] = False
-            row[alive[drop]] = NEG_INF
+            if alive.size > self.min_keep:
+                row[alive[self._drop(row[alive])]] = NEG_INF
         return rows
 
+    def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if logits.size <= self.min_keep:
+            return ids, logits
+        keep = ~self._drop(logits)
+        return ids[keep], logits[keep]
 
-class Epsilon(Processor):
+    def _drop(self, logits: np.ndarray) -> np.ndarray:
+        """bool[n]: which of the finite ``logits`` (more than min_keep of them) go."""
+        logp = log_softmax(logits[None])[0]
+        p = np.exp(logp)
+        surprise = np.abs(-logp + (p * logp).sum())
+        order, cumulative = _ranked_until(surprise, p, self.mass, self.min_keep)
+        last = min(int((cumulative < self.mass).sum()), order.size - 1)
+        drop = surprise > surprise[order[last]]
+        drop[order[: self.min_keep]] = False
+        return drop
+
+
+class Epsilon(Narrowing):
     """Epsilon sampling: drop tokens with p_i < epsilon (logit_i < log Z + log epsilon), keeping the
     min_tokens_to_keep largest logits."""
 
@@ -158,8 +198,14 @@ class Epsilon(Processor):
         rows[(rows < cut) & (rows < kth_largest(rows, self.min_keep))] = NEG_INF
         return rows
 
+    def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if logits.size <= self.min_keep:
+            return ids, logits
+        log_total, _ = log_normaliser(logits[None])
+        return _keep_above(ids, logits, log_total[0, 0] + np.log(self.epsilon), self.min_keep)
 
-class Eta(Processor):
+
+class Eta(Narrowing):
     """Eta sampling: with entropy H = -sum p log p, eta = min(epsilon, sqrt(epsilon) * exp(-H)); drop tokens
     with p_i < eta, keeping the min_tokens_to_keep largest logits."""
 
@@ -172,3 +218,16 @@ class Eta(Processor):
         eta = np.minimum(self.epsilon, np.sqrt(self.epsilon) * np.exp(-entropy))
         rows[(rows < log_total + np.log(eta)) & (rows < kth_largest(rows, self.min_keep))] = NEG_INF
         return rows
+
+    def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if logits.size <= self.min_keep:
+            return ids, logits
+        log_total, entropy = log_normaliser(logits[None])
+        eta = np.minimum(self.epsilon, np.sqrt(self.epsilon) * np.exp(-entropy[0, 0]))
+        return _keep_above(ids, logits, log_total[0, 0] + np.log(eta), self.min_keep)
+
+
+def _keep_above(ids: np.ndarray, logits: np.ndarray, cut: float, least: int) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted candidates with logit >= ``cut``, and always the ``least`` largest (with their ties)."""
+    n = max(int(np.count_nonzero(logits >= cut)), through_ties(logits, least))
+    return ids[:n], logits[:n]
