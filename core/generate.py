@@ -232,12 +232,19 @@ class Generator:
         stop: tuple[str, ...] | list[str] = (),
         seed: int | None = 0,
     ) -> GenerationResult:
-        """Run one generation to its end and return its text, tokens and stats."""
-        for _ in self.stream(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed):
-            pass
+        """Run one generation to its end and return its text, tokens and stats. Nothing streams, so the text is
+        decoded once at the end (unless stop strings or commit observers need it as it grows)."""
+        run = self._begin(prompt, max_new_tokens, stop, seed, None)
+        try:
+            while not run.host.done:
+                self._step(run)
+        except BaseException as exc:
+            self._fail(run, prompt, exc)
+            raise
+        self.last = self._finish(run)
         return self.last
 
-    def _begin(self, prompt: str, max_new_tokens: int, stop: Any, seed: int | None, sink: Any) -> _Run:
+    def _begin(self, prompt: str, max_new_tokens: int, stop: Any, seed: int | None, sink: Any | None) -> _Run:
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens={max_new_tokens} must be at least 1")
         if isinstance(stop, str):
@@ -266,11 +273,12 @@ class Generator:
         observe = self.registry.commit_observed()
 
         def on_commit(tokens: list[int], text: str) -> None:
-            sink(tokens, text)
+            if sink is not None:
+                sink(tokens, text)
             if observe:
                 self.registry.notify_commit(tokens=tokens, text=text)
 
-        output = Output(rules, target_model.tokenizer.detokenizer(), on_commit)
+        output = Output(rules, target_model.tokenizer.detokenizer(), on_commit if sink or observe else None)
         self.chain.reset(ids)
         host = Host(sequences, output, prompt=ids, chain=self.chain, seed=seed)
         host.prefill_chunk = self.prefill_chunk

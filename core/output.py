@@ -30,7 +30,9 @@ class Output:
 
     ``commit`` applies the stop rules token by token and returns how many tokens it took; EOS is counted as
     taken but adds no text; a stop string is cut from the text. ``sink`` receives (new tokens, new text) after
-    every commit; text that could still become a stop string is held back until it cannot.
+    every commit; text that could still become a stop string is held back until it cannot. With neither a sink
+    nor stop strings nothing needs the text during the generation, so it is decoded when ``text`` is first read
+    (one pass over the tokens, not one call a commit).
     """
 
     def __init__(self, rules: StopRules, detokenizer: IncrementalDetokenizer, sink: StreamSink | None) -> None:
@@ -43,6 +45,9 @@ class Output:
         self._text = ""
         self._emitted = 0
         self._holdback = max((len(s) for s in rules.stop_strings), default=1) - 1
+        self._lazy = sink is None and not rules.stop_strings
+        self._decoded = 0  # lazy: how many tokens the text covers
+        self._flushed = False
 
     @property
     def done(self) -> bool:
@@ -59,6 +64,15 @@ class Output:
     @property
     def text(self) -> str:
         """The text so far (a stop string and an unfinished UTF-8 character excluded)."""
+        if self._lazy and (self._decoded < len(self.tokens) or (self.done and not self._flushed)):
+            text_tokens = self.tokens[self._decoded :]
+            if self.stop_reason == "eos":
+                text_tokens = text_tokens[:-1]
+            self._decoded = len(self.tokens)
+            self._append_text(self._detokenizer.push(text_tokens))
+            if self.done:
+                self._flushed = True
+                self._append_text(self._detokenizer.flush())
         return self._text
 
     @property
@@ -87,6 +101,8 @@ class Output:
                 self.stop_reason = "max_new_tokens" if len(self.tokens) >= self.rules.max_new_tokens else "max_length"
         if taken:
             self._store(taken)
+        if self._lazy:
+            return len(taken)
         if taken and not self.rules.stop_strings:
             text_tokens = taken[:-1] if self.stop_reason == "eos" else taken
             self._append_text(self._detokenizer.push(text_tokens))

@@ -64,3 +64,31 @@ def test_commit_after_done_takes_nothing() -> None:
     assert output.commit([50, 51, 52]) == 2
     assert output.commit([53]) == 0
     assert output.stop_reason == "max_new_tokens"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    text=st.text(alphabet="aé天😀 \n(x)", min_size=1, max_size=40),
+    split=st.integers(1, 4),
+    cut=st.integers(0, 3),
+    end=st.sampled_from(["eos", "limit", "open"]),
+)
+def test_text_decoded_once_at_the_end_equals_the_streamed_text(text: str, split: int, cut: int, end: str) -> None:
+    """With no sink and no stop strings the text is decoded when read: the same text, read at any point
+    (mid-character too), as the streamed pieces give."""
+    ids = tokenizer().encode(text)
+    ids = ids[: max(1, len(ids) - cut)] if end != "eos" else ids
+    rules = StopRules(
+        eos_token_ids={1}, max_new_tokens=len(ids) if end == "limit" else 1000, stop_strings=(), capacity=10_000
+    )
+    lazy = Output(rules, tokenizer().detokenizer(), None)
+    streamed, pieces = make_output(max_new=rules.max_new_tokens)
+    for start in range(0, len(ids), split):
+        lazy.commit(ids[start : start + split])
+        streamed.commit(ids[start : start + split])
+        assert lazy.text == streamed.text
+    if end == "eos":
+        lazy.commit([1])
+        streamed.commit([1])
+    assert lazy.text == streamed.text == ("".join(pieces) if streamed.done else streamed.text)
+    assert lazy.done == (end != "open")
