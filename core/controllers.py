@@ -40,7 +40,7 @@ class Greedy:
     def step(self, host: Host) -> None:
         target = host.target
         row = host.process(target.logits()[-1:])
-        token = int(np.argmax(row[0]))
+        token = int(row[0].argmax())
         host.commit((token,))
         if not host.done:
             target.forward((token,))

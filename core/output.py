@@ -87,23 +87,26 @@ class Output:
 
     def commit(self, tokens: Iterable[int]) -> int:
         taken: list[int] = []
+        rules, output = self.rules, self.tokens
+        eos, stops = rules.eos_token_ids, rules.stop_strings
+        limit = min(rules.max_new_tokens, rules.capacity)
         for token in tokens:
-            if self.done:
+            if self.stop_reason is not None:
                 break
             token = int(token)
             taken.append(token)
-            self.tokens.append(token)
-            if token in self.rules.eos_token_ids:
+            output.append(token)
+            if token in eos:
                 self.stop_reason = "eos"
-            elif self.rules.stop_strings:
+            elif stops:
                 self._append_text(self._detokenizer.push((token,)))
-            if self.stop_reason is None and self.remaining <= 0:
-                self.stop_reason = "max_new_tokens" if len(self.tokens) >= self.rules.max_new_tokens else "max_length"
+            if self.stop_reason is None and len(output) >= limit:
+                self.stop_reason = "max_new_tokens" if len(output) >= rules.max_new_tokens else "max_length"
         if taken:
             self._store(taken)
         if self._lazy:
             return len(taken)
-        if taken and not self.rules.stop_strings:
+        if taken and not stops:
             text_tokens = taken[:-1] if self.stop_reason == "eos" else taken
             self._append_text(self._detokenizer.push(text_tokens))
         if self.done and self.stop_reason != "stop_string":
