@@ -116,6 +116,8 @@ class Runner:
         )
         self._features = _Growable(caps.feature_size, np.float32) if caps.feature_input and caps.feature_size else None
         self._bias = np.zeros(0, np.float32)
+        self._zeros = np.zeros(0, np.float32)
+        self._zeros_pointer = 0
         self._names = spec
         self._caps = caps
 
@@ -142,13 +144,18 @@ class Runner:
         if caps.position_ids is not None:
             pos = self._positions
             if positions is None:
-                pos[0, :n] = np.arange(past, total)
+                if n == 1:
+                    pos[0, 0] = past
+                else:
+                    pos[0, :n] = np.arange(past, total)
             else:
                 pos[0, :n] = positions
             self._bind(caps.position_ids, np.int64, (1, n), self._positions_pointer)
         if caps.attention_bias is not None:
-            bias_view = self._bias_view(n, total, bias)
-            self._fast.bind_input(caps.attention_bias, np.float32, [1, 1, n, total], bias_view.ctypes.data)
+            # one token sees everything: a bias of zeros, kept for it and never written
+            one = n == 1 and bias is None
+            pointer = self._zero_bias(total) if one else self._bias_view(n, total, bias).ctypes.data
+            self._fast.bind_input(caps.attention_bias, np.float32, [1, 1, n, total], pointer)
         if caps.feature_input is not None and self._features is not None:
             if features is None:
                 raise SequenceError(f"{self.model.name} takes {caps.feature_input}: pass one row of features per token")
@@ -179,6 +186,13 @@ class Runner:
         rows = buffer.rows(n)
         self._bind(name, np.float32, (1, n, buffer.width), buffer.pointer, output=True)
         return rows
+
+    def _zero_bias(self, total: int) -> int:
+        """The address of ``total`` float32 zeros (a buffer kept for one-token forwards)."""
+        if self._zeros.size < total:
+            self._zeros = np.zeros(max(total, self.max_length), np.float32)
+            self._zeros_pointer = self._zeros.ctypes.data
+        return self._zeros_pointer
 
     def _bias_view(self, n: int, total: int, bias: np.ndarray | None) -> np.ndarray:
         size = n * total
