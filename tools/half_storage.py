@@ -65,14 +65,20 @@ def half_storage(src: Path, dst: Path, min_elements: int = 4096) -> tuple[int, i
 
 
 def max_logit_diff(a: Path, b: Path, ids: list[int]) -> float:
-    """Largest |logit difference| between two model folders on one prompt, run through decoctl's host."""
-    from decoctl.generate import Generator
+    """Largest |logit difference| between two model folders on one prompt, run through decoctl's host (a draft
+    head that takes features gets the same random ones in both)."""
+    from decoctl.host import Sequence
+    from decoctl.model import load_model
 
     rows = []
     for folder in (a, b):
-        generator = Generator({"target": str(folder)}, "greedy", threads=1)
-        sequence = generator._sequence("target", len(ids) + 1)
-        rows.append(sequence.forward(ids).copy())
+        model = load_model(folder, threads=1)
+        caps = model.capabilities
+        features = None
+        if caps.feature_input is not None:
+            features = np.random.default_rng(0).normal(size=(len(ids), caps.feature_size)).astype(np.float32)
+        sequence = Sequence("check", model, max_length=len(ids) + 1)
+        rows.append(sequence.forward(ids, features=features).copy())
     return float(np.abs(rows[0] - rows[1]).max())
 
 
