@@ -28,12 +28,13 @@ from decoctl_lookahead.pool import NGramPool
 __all__ = ["OPTIONS", "Lookahead"]
 
 OPTIONS = (
-    # defaults sized for a CPU, where a forward over n tokens costs far more than one (docs/BENCHMARKS.md): a
-    # tree of at most 11 nodes (W=2, N=3, G=3) ran Gemma 3 270M at 1.35x greedy on edit prompts where the wider
-    # shape of up to 25 (W=4, N=4, G=4) ran at 0.96x; the sweep on the demo target is still to come (issue 8)
-    Option(name="window", type="int", default=2, minimum=1, help="W: Jacobi window columns"),
-    Option(name="ngram", type="int", default=3, minimum=2, help="N: n-gram size (the window has N-1 levels)"),
-    Option(name="guesses", type="int", default=3, minimum=1, help="G: pool n-grams verified per step"),
+    # defaults sized for a CPU, where a forward over n tokens costs far more than one (docs/BENCHMARKS.md). On the
+    # demo target's 7M-token checkpoint (held-out code prompts, build/tuning_prompts.jsonl) one Jacobi column of 3
+    # levels and 2 guesses (trees of ~7 nodes) gave 1.26x greedy; W=2, N=3, G=3 gave 1.11x and the paper's shape
+    # less. On Gemma 3 270M (edit prompts) the wider W=2, N=3, G=3 beat the paper's W=4, N=4, G=4 (1.35x vs 0.96x).
+    Option(name="window", type="int", default=1, minimum=1, help="W: Jacobi window columns"),
+    Option(name="ngram", type="int", default=4, minimum=2, help="N: n-gram size (the window has N-1 levels)"),
+    Option(name="guesses", type="int", default=2, minimum=1, help="G: pool n-grams verified per step"),
     Option(name="pool_per_key", type="int", default=16, minimum=1, help="n-grams kept per first token"),
     Option(
         name="allow_degraded",
@@ -138,7 +139,9 @@ class Lookahead:
         base = target.length
         room = target.max_length - base - 1
         longest = min(self.levels, host.remaining - 1)
-        grams = [g[:longest] for g in self.pool.candidates(self._pending, self.guesses)] if longest > 0 else []
+        before = self._context[-2] if len(self._context) > 1 else None
+        found = self.pool.candidates(self._pending, self.guesses, before) if longest > 0 else []
+        grams = [g[:longest] for g in found]
         if self.degraded:
             self._verify_chain(host, base, grams[:1])
             return

@@ -98,6 +98,15 @@ def test_the_pool_keeps_the_most_recent_grams_per_key() -> None:
     assert pool.size == 2 + 4  # keys 1 (2 grams), 2, 3, 4, 5 (one each), minus the one dropped
 
 
+def test_the_pool_ranks_continuations_seen_after_the_same_two_tokens_first() -> None:
+    pool = NGramPool(per_key=8)
+    pool.add_sequence([9, 1, 2, 3, 8, 1, 4, 5, 7, 1, 6, 6], 3)
+    assert pool.candidates(1, 3) == [(6, 6), (4, 5), (2, 3)]  # recency alone
+    assert pool.candidates(1, 3, before=9) == [(2, 3), (6, 6), (4, 5)]  # 9 then 1 was followed by 2 3
+    assert pool.candidates(1, 1, before=8) == [(4, 5)]
+    assert pool.candidates(1, 2, before=0) == [(6, 6), (4, 5)]  # an unseen pair falls back to recency
+
+
 TEMPERATURE = 1.3
 
 
