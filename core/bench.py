@@ -194,22 +194,30 @@ def build_contenders(
     registry: PluginRegistry,
 ) -> list[tuple[str, Contender]]:
     contenders: list[tuple[str, Contender]] = []
-    loaded = None
+    loaded: dict[str | None, Any] = {}
     opened: dict[tuple[str, str | None], Any] = {}
     for spec in specs:
         contender: Contender
         if spec.name in ("raw-ort", "ort-genai", *ORT_GENAI_SPECULATIVE):
-            if spec.options and spec.name in ("raw-ort", "ort-genai"):
-                raise ConfigError(f"contender {spec.name} takes no options")
-            if loaded is None:
-                loaded = Generator({"target": model}, "greedy", threads=threads, registry=registry).models["target"]
+            # model=PATH: the same weights in a folder these loops can run (a tree-enabled model's extra inputs
+            # are unknown to onnxruntime-genai and to the raw loop); the contender's label shows it
+            options = {k: v for k, v in spec.options.items() if k != "model"}
+            own = spec.options.get("model")
+            if options and spec.name in ("raw-ort", "ort-genai"):
+                raise ConfigError(f"contender {spec.name} takes no options but model=PATH")
+            if own not in loaded:
+                reference = own if own is not None else model
+                loaded[own] = Generator({"target": reference}, "greedy", threads=threads, registry=registry).models[
+                    "target"
+                ]
+            target = loaded[own]
             if spec.name == "raw-ort":
-                contender = RawOrtContender(loaded, threads)
+                contender = RawOrtContender(target, threads)
             elif spec.name == "ort-genai":
-                contender = OrtGenaiContender(loaded, threads)
+                contender = OrtGenaiContender(target, threads)
             else:
                 draft = _draft_folder(model, roles, registry) if spec.name == "ort-genai-draft" else None
-                contender = OrtGenaiSpeculativeContender(spec.name, loaded, threads, spec.options, draft=draft)
+                contender = OrtGenaiSpeculativeContender(spec.name, target, threads, options, draft=draft)
         else:
             # `processors` is the bench's own option, not the controller's: a logits chain for that contender
             options = {k: v for k, v in spec.options.items() if k != "processors"}

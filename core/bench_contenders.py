@@ -98,6 +98,7 @@ class RawOrtContender:
 
     def __init__(self, model: LoadedModel, threads: int | None) -> None:
         spec = model.spec
+        _refuse_tree_inputs(self.name, model)
         if not spec.share_buffer:
             raise ConfigError(
                 f"contender raw-ort runs shared-buffer (onnxruntime-genai layout) models; {model.name} is "
@@ -181,6 +182,14 @@ def _import_genai(contender: str) -> Any:
     return og
 
 
+def _refuse_tree_inputs(name: str, model: LoadedModel) -> None:
+    if model.capabilities.tree:
+        raise ConfigError(
+            f"contender {name} cannot run {model.name}: its position_ids and attention_bias inputs (decoctl models "
+            f"enable-tree) are unknown to it. Give it the same model without them: {name}(model=PATH)"
+        )
+
+
 def _forced_threads(decoder: dict[str, Any], threads: int) -> dict[str, Any]:
     options = decoder.setdefault("session_options", {})
     options["intra_op_num_threads"] = threads
@@ -203,6 +212,7 @@ class OrtGenaiContender:
 
     def __init__(self, model: LoadedModel, threads: int) -> None:
         og = _import_genai(self.name)
+        _refuse_tree_inputs(self.name, model)
         if model.spec.layout != "genai":
             raise ConfigError(
                 f"contender {self.name} runs onnxruntime-genai models; {model.name} is {model.spec.layout}"

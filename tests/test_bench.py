@@ -292,6 +292,16 @@ def test_a_bench_with_lookahead_calibrates_tree_forwards(tree_model: Path, promp
     assert row["ideal_ratio"] > 0
 
 
+def test_the_raw_loop_runs_a_tree_models_plain_twin_given_as_its_model(
+    tree_model: Path, prompts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "-m", str(tree_model), "--contenders", "greedy,raw-ort", "--prompts", str(prompts)]) == 2
+    assert "raw-ort(model=PATH)" in capsys.readouterr().err  # its tree inputs are unknown to the raw loop
+    plain = build_genai_model(tmp_path / "plain", seed=3)  # the same weights without tree inputs
+    data = bench_json(tree_model, f"greedy,raw=raw-ort(model={plain})", prompts, tmp_path, "--require-identical")
+    assert {c["name"]: c["identical_to_baseline"] for c in data["contenders"]} == {"greedy": True, "raw": True}
+
+
 def test_onnxruntime_genai_speculative_contenders_match_greedy(
     genai_model: Path, genai_draft: Path, prompts: Path, tmp_path: Path
 ) -> None:
