@@ -43,18 +43,24 @@ def _mask_eos_where(rows: np.ndarray, context: ProcessContext, short: list[int])
     return rows
 
 
-class _Tallied(Processor):
+class _Recording(Processor):
+    """A processor whose ``record`` (decoctl_logits_chain.history) follows the generation through reset/commit."""
+
+    record: TokenTally | NGramTable
+
+    def reset(self, prompt: np.ndarray) -> None:
+        self.record.reset(prompt)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self.record.commit(tokens)
+
+
+class _Tallied(_Recording):
     """A penalty over the distinct tokens before each row (with their counts), kept in a TokenTally."""
 
     def __init__(self, include_prompt: bool) -> None:
         self.include_prompt = include_prompt
-        self.tally = TokenTally(include_prompt)
-
-    def reset(self, prompt: np.ndarray) -> None:
-        self.tally.reset(prompt)
-
-    def commit(self, tokens: Sequence[int]) -> None:
-        self.tally.commit(tokens)
+        self.record = self.tally = TokenTally(include_prompt)
 
     def _seen(self, context: ProcessContext, row: int) -> tuple[np.ndarray, np.ndarray]:
         """(int64[u] the distinct tokens before ``row``, float32[u] how often each occurred)."""
@@ -109,19 +115,13 @@ class FrequencyPenalty(_CountPenalty):
         return rows
 
 
-class NoRepeatNGram(Processor):
+class NoRepeatNGram(_Recording):
     """With n = ngram_size and the prefix's last n-1 tokens s: logit_t <- -inf for every t such that s + (t,)
     already occurs in the prefix (an n-gram never repeats). n = 1 bans every token seen."""
 
     def __init__(self, ngram_size: int) -> None:
         self.n = ngram_size
-        self.table = NGramTable(ngram_size)
-
-    def reset(self, prompt: np.ndarray) -> None:
-        self.table.reset(prompt)
-
-    def commit(self, tokens: Sequence[int]) -> None:
-        self.table.commit(tokens)
+        self.record = self.table = NGramTable(ngram_size)
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         follows = self.table.follows(context)
