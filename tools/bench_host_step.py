@@ -4,6 +4,7 @@
     DECOCTL_HUGE_PAGES=0 .venv/bin/python tools/bench_host_step.py sessions MODEL    # the same without huge pages
     .venv/bin/python tools/bench_host_step.py fast-path MODEL    # runner through onnxruntime's C++ objects vs wrappers
     .venv/bin/python tools/bench_host_step.py chain MODEL "top_k=40,top_p=0.95,temperature=0.8"   # per processor
+    .venv/bin/python tools/bench_host_step.py layers MODEL       # generate() vs a bare Sequence loop vs ort-genai
 
 Runs with decoctl's own venv, one intra-op thread. Each mode alternates its contenders round by round and prints
 medians (microseconds or milliseconds a step), so drift in machine load hits all alike; run it on a quiet machine.
@@ -85,9 +86,46 @@ def chain(model: str, processors: str, rounds: int) -> None:
     print(f"all steps: {sum(spent.values()) / tokens * 1e6:.1f} us a token")
 
 
+def layers(model: str, rounds: int) -> None:
+    """Where a greedy step's time goes above onnxruntime: decoctl's generate(), a bare loop over decoctl's Sequence
+    (forward + argmax, nothing else), and onnxruntime-genai's own loop when installed; 128 tokens each."""
+    generator = Generator({"target": model}, "greedy", threads=1)
+    ids = np.asarray(generator.tokenizer.encode(PROMPT), np.int64)
+
+    def generate() -> float:
+        stats = generator.generate(PROMPT, max_new_tokens=128).stats
+        return stats.decode_seconds / (stats.new_tokens - 1) * 1e6
+
+    def bare() -> float:
+        sequence = generator._sequence("target", len(ids) + 128)
+        row = sequence.prefill(ids)[0]
+        started = time.perf_counter()
+        for _ in range(127):
+            row = sequence.forward((int(row.argmax()),))[-1]
+        return (time.perf_counter() - started) / 127 * 1e6
+
+    contenders = {"decoctl generate()": generate, "bare Sequence loop": bare}
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        og = None
+    if og is not None:
+        from decoctl.bench_contenders import OrtGenaiContender
+
+        genai = OrtGenaiContender(generator.models["target"], 1)
+
+        def genai_loop() -> float:
+            outcome = genai.run(PROMPT, ids.tolist(), 128)
+            return outcome.decode_seconds / max(1, outcome.target_forwards) * 1e6
+
+        contenders["onnxruntime-genai"] = genai_loop
+    for name, value in alternate(contenders, rounds).items():
+        print(f"{name}: {value:.0f} us a token")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("sessions", "fast-path", "chain"))
+    parser.add_argument("mode", choices=("sessions", "fast-path", "chain", "layers"))
     parser.add_argument("model")
     parser.add_argument("processors", nargs="?", default="top_k=40,top_p=0.95,temperature=0.8")
     parser.add_argument("--rounds", type=int, default=6)
@@ -96,6 +134,8 @@ def main() -> None:
         sessions(args.model, args.rounds)
     elif args.mode == "fast-path":
         fast_path(args.model, max(args.rounds, 20))
+    elif args.mode == "layers":
+        layers(args.model, max(args.rounds, 14))
     else:
         chain(args.model, args.processors, args.rounds)
 
