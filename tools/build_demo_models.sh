@@ -41,7 +41,8 @@ step "draft, distilled"
 "$TOOLS" tools/distill_draft.py --total-tokens 8000000 --greedy-mix 0.5 --threads "$THREADS"
 
 step "EAGLE head"
-"$TOOLS" tools/train_eagle.py --target target --total-tokens 4000000 --threads "$THREADS"
+# a lean head: on this 6-layer target a full-size head costs ~20% of a target step (docs/MODELS.md)
+"$TOOLS" tools/train_eagle.py --target target --total-tokens 4000000 --threads "$THREADS" --draft-vocab 2048 --head-intermediate 512
 
 step "exports"
 "$TOOLS" tools/export.py target --out "$EXPORT/pycode" --threads "$THREADS"

@@ -16,6 +16,12 @@ speculative decoding accepts what the target would produce, not what the corpus 
 computes features and distributions on the fly for every batch of corpus windows. --feature-noise adds uniform
 noise to the input features (EAGLE's trick: while drafting, the head reads its own, imperfect predictions).
 
+A lean head for a shallow target (the demo target has 6 layers, so a head with the target's layer size and the
+whole lm_head costs ~20% of a target step on a CPU): --head-intermediate narrows the head's MLP, and --draft-vocab N
+lets it draft only the N most frequent training tokens (EAGLE-3's draft vocabulary): its logits are the target
+lm_head's N columns, the cross-entropy uses the target's distribution renormalised over those N, and the ONNX head
+scatters them into -inf rows of the full vocabulary (decoctl.testing.eagle).
+
 Resumable like tools/train.py, with the same options (batches, schedule, --max-seconds, --ckpt-seconds, SIGTERM):
 build/train/<name>/ (default name "eagle") holds model.safetensors (the head only), head_config.json and
 state.json, which names the target checkpoint and its tokens seen. Every checkpoint also reports, on a fixed
@@ -42,18 +48,27 @@ import train
 HEAD_CONFIG = "head_config.json"
 
 
-def head_config(target_config) -> dict:
-    """The head's sizes: the target's layer sizes (EAGLE-1 reuses the target's decoder layer shape)."""
+def head_config(target_config, intermediate: int | None = None, draft_ids: list[int] | None = None) -> dict:
+    """The head's sizes: the target's layer sizes (EAGLE-1 reuses the target's decoder layer shape) unless a
+    narrower MLP is asked for; ``draft_ids``: the draft vocabulary (None: the whole vocabulary)."""
     rope = getattr(target_config, "rope_parameters", None) or {}
     return {
         "hidden_size": target_config.hidden_size,
         "num_attention_heads": target_config.num_attention_heads,
         "num_key_value_heads": target_config.num_key_value_heads,
-        "intermediate_size": target_config.intermediate_size,
+        "intermediate_size": intermediate or target_config.intermediate_size,
         "rms_norm_eps": target_config.rms_norm_eps,
         "rope_theta": float(rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))),
         "vocab_size": target_config.vocab_size,
+        "draft_ids": draft_ids,
     }
+
+
+def frequent_tokens(ids: np.ndarray, count: int, vocab: int) -> list[int]:
+    """The ``count`` most frequent token ids of the training tokens, ascending (ties by lower id)."""
+    frequency = np.bincount(ids, minlength=vocab)
+    order = np.lexsort((np.arange(vocab), -frequency))
+    return sorted(int(t) for t in order[:count])
 
 
 def build_head(config: dict):
@@ -119,7 +134,9 @@ def build_head(config: dict):
             h = self.post_attention_norm(x)
             return x + self.down_proj(torch.nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
 
-    return EagleHead(config)
+    head = EagleHead(config)
+    head.draft_ids = None if not config.get("draft_ids") else torch.tensor(config["draft_ids"], dtype=torch.long)
+    return head
 
 
 def target_outputs(target, ids):
@@ -137,10 +154,13 @@ def target_outputs(target, ids):
 
 
 def head_outputs(head, target, ids, features):
-    """The head over the pairs (features[:, i], ids[:, i + 1]): predicted features and draft logits [B, S-1, *]."""
+    """The head over the pairs (features[:, i], ids[:, i + 1]): predicted features and draft logits [B, S-1, *]
+    (over the draft vocabulary when the head has one: column j is token head.draft_ids[j])."""
     layer_out = head(target.model.embed_tokens(ids[:, 1:]), features[:, :-1])
     predicted = target.model.norm(layer_out)
-    return predicted, target.lm_head(predicted)
+    if head.draft_ids is None:
+        return predicted, target.lm_head(predicted)
+    return predicted, predicted @ target.lm_head.weight[head.draft_ids].T
 
 
 def losses(head, target, batch, ce_weight: float, noise: float, generator=None):
@@ -154,9 +174,11 @@ def losses(head, target, batch, ce_weight: float, noise: float, generator=None):
         inputs = features + (torch.rand(features.shape, generator=generator) * 2 - 1) * noise
     predicted, draft_logits = head_outputs(head, target, batch, inputs)
     regression = F.smooth_l1_loss(predicted, features[:, 1:])
-    soft = F.softmax(logits[:, 1:], dim=-1)
+    wanted = logits[:, 1:] if head.draft_ids is None else logits[:, 1:, head.draft_ids]
+    soft = F.softmax(wanted, dim=-1)  # over a draft vocabulary: the target's distribution renormalised on it
     cross_entropy = -(soft * F.log_softmax(draft_logits, dim=-1)).sum(-1).mean()
-    agreement = (draft_logits.argmax(-1) == logits[:, 1:].argmax(-1)).float().mean()
+    drafted = draft_logits.argmax(-1) if head.draft_ids is None else head.draft_ids[draft_logits.argmax(-1)]
+    agreement = (drafted == logits[:, 1:].argmax(-1)).float().mean()
     return regression + ce_weight * cross_entropy, regression, cross_entropy, agreement
 
 
@@ -243,7 +265,9 @@ def run(args, log: common.Log) -> None:
     for p in target.parameters():
         p.requires_grad_(False)
     target_state = common.read_state(target_folder) or {}
-    config = head_config(target.config)
+    ids = common.token_cache("train")
+    draft_ids = frequent_tokens(ids, args.draft_vocab, target.config.vocab_size) if args.draft_vocab else None
+    config = head_config(target.config, args.head_intermediate, draft_ids)
     folder = common.run_dir(args.name)
     torch.manual_seed(args.seed)
     found = None if args.fresh else latest(args.name)
@@ -267,7 +291,6 @@ def run(args, log: common.Log) -> None:
         total_tokens=args.total_tokens,
         loss={"ce_weight": args.ce_weight, "feature_noise": args.feature_noise},
     )
-    ids = common.token_cache("train")
     batches = train.Batches(ids, args.seq, args.batch, args.seed, **state["data"])
     decay = [p for p in head.parameters() if p.dim() >= 2]
     no_decay = [p for p in head.parameters() if p.dim() < 2]
@@ -349,6 +372,8 @@ def main() -> None:
     ap.add_argument("--target", default="target", help="run name or checkpoint folder of the target")
     ap.add_argument("--ce-weight", type=float, default=0.1, help="weight of the distribution loss (EAGLE: 0.1)")
     ap.add_argument("--feature-noise", type=float, default=0.1, help="uniform noise amplitude on input features")
+    ap.add_argument("--head-intermediate", type=int, default=None, help="the head's MLP size (default: the target's)")
+    ap.add_argument("--draft-vocab", type=int, default=None, help="draft only the N most frequent training tokens")
     args = ap.parse_args()
     log = common.Log(common.run_dir(args.name) / "train.log")
     if args.export_weights:

@@ -7,6 +7,7 @@ by chance only, and its output depends on the features it is fed, which makes a 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,21 @@ def random_head(target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_eagle_head(tmp_path_factory.mktemp("random"), target, seed=42, tree_inputs=True)
 
 
-@pytest.fixture(params=["mimic", "random"])
+@pytest.fixture(scope="session")
+def narrow_head(target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The imitating head drafting from a draft vocabulary of half the target's tokens."""
+    vocab = json.loads((target / "genai_config.json").read_text())["model"]["vocab_size"]
+    return build_eagle_head(
+        tmp_path_factory.mktemp("narrow"),
+        target,
+        copy_layer=0,
+        feature_mix=0.1,
+        tree_inputs=True,
+        draft_vocab=vocab // 2,
+    )
+
+
+@pytest.fixture(params=["mimic", "random", "narrow"])
 def head(request: pytest.FixtureRequest) -> Path:
     return request.getfixturevalue(f"{request.param}_head")
 

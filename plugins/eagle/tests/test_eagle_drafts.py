@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from decoctl_eagle.drafts import Candidates, DraftTree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from decoctl.acceptance import log_probabilities
+from decoctl.host import Sequence
+from decoctl.model import load_model
 
 
 def grow(seed: int, depth: int, topk: int) -> Candidates:
@@ -59,3 +63,18 @@ def test_children_are_listed_best_first_and_improbable_tokens_never_drafted() ->
     assert (tree.tokens, tree.parents) == ((7, 1, 3, 0), (-1, 0, 0, 1))
     assert tree.children == ((1, 2), (3,), (), ())
     assert tree.paths == ((), (1,), (3,), (1, 0))
+
+
+def test_a_draft_vocabulary_head_gives_the_full_heads_logits_on_its_ids_and_minus_infinity_elsewhere(
+    mimic_head: Path, narrow_head: Path
+) -> None:
+    full_model, narrow_model = load_model(mimic_head, threads=1), load_model(narrow_head, threads=1)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(3, 60, 12)
+    features = rng.normal(size=(12, full_model.capabilities.feature_size)).astype(np.float32)
+    full = np.array(Sequence("eagle", full_model).forward(tokens, features=features))
+    narrow = np.array(Sequence("eagle", narrow_model).forward(tokens, features=features))
+    kept = np.isfinite(narrow[0])
+    assert narrow.shape == full.shape and kept.sum() == full.shape[1] // 2
+    assert (np.isfinite(narrow) == kept).all()  # the same draft ids in every row, -inf elsewhere
+    np.testing.assert_allclose(narrow[:, kept], full[:, kept], rtol=1e-5, atol=1e-5)
