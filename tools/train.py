@@ -1,6 +1,6 @@
 """Train a demo model (transformers LlamaForCausalLM, from scratch) on the stdlib corpus, resumably, on CPU.
 
-    OMP_NUM_THREADS=1 python tools/train.py --preset target --total-tokens 24000000
+    OMP_NUM_THREADS=2 python tools/train.py --preset target --total-tokens 20000000 --threads 2
     python tools/train.py --preset target --export-weights      # latest weights -> tools/checkpoints/target (fp16)
 
 Resumable by design (a session may end, or the machine may be fresh, at any time):
@@ -77,7 +77,7 @@ def lr_at(tokens: int, step_in_run: int, args) -> float:
 
 
 def add_common_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--total-tokens", type=int, default=24_000_000, help="planned budget (the cosine ends here)")
+    ap.add_argument("--total-tokens", type=int, default=20_000_000, help="planned budget (the cosine ends here)")
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
