@@ -7,8 +7,9 @@ tree rooted at the pending token:
   (column c guesses the token c + 1 places after the pending one, seeing the columns before it), and the token
   at level l of column c hangs below level l - 1 of the same column, so it sees its column's lower levels and
   level 0 up to c: positions and visibility exactly as in the paper's attention mask;
-- the verification branch, up to ``guesses`` pool n-grams that start with the pending token, merged into a
-  trie below the root (shared prefixes are fed once).
+- the verification branch, up to ``guesses`` pool n-grams that start with the pending token (those that
+  followed the same two tokens first, then the most recent), merged into a trie below the root (shared prefixes
+  are fed once).
 
 The root's row and the trie's rows verify the guesses: the longest path whose tokens the target would have
 produced is accepted, plus the target's own next token. The last level's rows give a new level: each column
