@@ -211,16 +211,10 @@ class Generator:
         """Yield text pieces as they are committed. ``self.last`` holds the GenerationResult afterwards."""
         pieces: list[str] = []
         run = self._begin(prompt, max_new_tokens, stop, seed, lambda _tokens, text: pieces.append(text))
-        try:
-            while not run.host.done:
-                self._step(run)
-                if pieces:
-                    yield "".join(pieces)
-                    pieces.clear()
-        except BaseException as exc:
-            self._fail(run, prompt, exc)
-            raise
-        self.last = self._finish(run)
+        for _ in self._steps(run, prompt):
+            if pieces:
+                yield "".join(pieces)
+                pieces.clear()
         if pieces:
             yield "".join(pieces)
 
@@ -234,15 +228,21 @@ class Generator:
     ) -> GenerationResult:
         """Run one generation to its end and return its text, tokens and stats. Nothing streams, so the text is
         decoded once at the end (unless stop strings or commit observers need it as it grows)."""
-        run = self._begin(prompt, max_new_tokens, stop, seed, None)
+        for _ in self._steps(self._begin(prompt, max_new_tokens, stop, seed, None), prompt):
+            pass
+        return self.last
+
+    def _steps(self, run: _Run, prompt: str) -> Iterator[None]:
+        """Step ``run`` to its end, pausing after every step; ``self.last`` holds its result at the end. An error
+        inside becomes a GenerationError that keeps the text so far."""
         try:
             while not run.host.done:
                 self._step(run)
+                yield
         except BaseException as exc:
             self._fail(run, prompt, exc)
             raise
         self.last = self._finish(run)
-        return self.last
 
     def _begin(self, prompt: str, max_new_tokens: int, stop: Any, seed: int | None, sink: Any | None) -> _Run:
         if max_new_tokens < 1:

@@ -46,7 +46,7 @@ class Output:
         self._emitted = 0
         self._holdback = max((len(s) for s in rules.stop_strings), default=1) - 1
         self._lazy = sink is None and not rules.stop_strings
-        self._decoded = 0  # lazy: how many tokens the text covers
+        self._decoded = 0  # how many tokens the text covers
         self._flushed = False
 
     @property
@@ -64,15 +64,8 @@ class Output:
     @property
     def text(self) -> str:
         """The text so far (a stop string and an unfinished UTF-8 character excluded)."""
-        if self._lazy and (self._decoded < len(self.tokens) or (self.done and not self._flushed)):
-            text_tokens = self.tokens[self._decoded :]
-            if self.stop_reason == "eos":
-                text_tokens = text_tokens[:-1]
-            self._decoded = len(self.tokens)
-            self._append_text(self._detokenizer.push(text_tokens))
-            if self.done:
-                self._flushed = True
-                self._append_text(self._detokenizer.flush())
+        if self._lazy:
+            self._decode_pending()
         return self._text
 
     @property
@@ -98,22 +91,32 @@ class Output:
             output.append(token)
             if token in eos:
                 self.stop_reason = "eos"
-            elif stops:
+            elif stops:  # a stop string may end in this token: decode it now
+                self._decoded = len(output)
                 self._append_text(self._detokenizer.push((token,)))
             if self.stop_reason is None and len(output) >= limit:
                 self.stop_reason = "max_new_tokens" if len(output) >= rules.max_new_tokens else "max_length"
         if taken:
             self._store(taken)
-        if self._lazy:
-            return len(taken)
-        if taken and not stops:
-            text_tokens = taken[:-1] if self.stop_reason == "eos" else taken
-            self._append_text(self._detokenizer.push(text_tokens))
-        if self.done and self.stop_reason != "stop_string":
-            self._append_text(self._detokenizer.flush())
-        if taken:
-            self._emit(taken)
+        if not self._lazy:
+            self._decode_pending()
+            if taken:
+                self._emit(taken)
         return len(taken)
+
+    def _decode_pending(self) -> None:
+        """Decode the committed tokens not decoded yet (a final EOS adds no text) and, once the generation is done,
+        what the detokenizer still holds back (unless a stop string ended it)."""
+        if self._decoded < len(self.tokens):
+            text_tokens = self.tokens[self._decoded :]
+            if self.stop_reason == "eos":
+                text_tokens = text_tokens[:-1]
+            self._decoded = len(self.tokens)
+            self._append_text(self._detokenizer.push(text_tokens))
+        if self.done and not self._flushed:
+            self._flushed = True
+            if self.stop_reason != "stop_string":
+                self._append_text(self._detokenizer.flush())
 
     def _store(self, taken: list[int]) -> None:
         end = len(self.tokens)

@@ -116,8 +116,7 @@ class Runner:
         )
         self._features = _Growable(caps.feature_size, np.float32) if caps.feature_input and caps.feature_size else None
         self._bias = np.zeros(0, np.float32)
-        self._zeros = np.zeros(0, np.float32)
-        self._zeros_pointer = 0
+        self._bias_pointer = 0
         self._names = spec
         self._caps = caps
 
@@ -152,10 +151,8 @@ class Runner:
                 pos[0, :n] = positions
             self._bind(caps.position_ids, np.int64, (1, n), self._positions_pointer)
         if caps.attention_bias is not None:
-            # one token sees everything: a bias of zeros, kept for it and never written
-            one = n == 1 and bias is None
-            pointer = self._zero_bias(total) if one else self._bias_view(n, total, bias).ctypes.data
-            self._fast.bind_input(caps.attention_bias, np.float32, [1, 1, n, total], pointer)
+            self._fill_bias(n, total, bias)
+            self._fast.bind_input(caps.attention_bias, np.float32, [1, 1, n, total], self._bias_pointer)
         if caps.feature_input is not None and self._features is not None:
             if features is None:
                 raise SequenceError(f"{self.model.name} takes {caps.feature_input}: pass one row of features per token")
@@ -187,27 +184,21 @@ class Runner:
         self._bind(name, np.float32, (1, n, buffer.width), buffer.pointer, output=True)
         return rows
 
-    def _zero_bias(self, total: int) -> int:
-        """The address of ``total`` float32 zeros (a buffer kept for one-token forwards)."""
-        if self._zeros.size < total:
-            self._zeros = np.zeros(max(total, self.max_length), np.float32)
-            self._zeros_pointer = self._zeros.ctypes.data
-        return self._zeros_pointer
-
-    def _bias_view(self, n: int, total: int, bias: np.ndarray | None) -> np.ndarray:
+    def _fill_bias(self, n: int, total: int, bias: np.ndarray | None) -> None:
+        """Write the float32[n, total] attention bias at the start of the bias buffer (``_bias_pointer``)."""
         size = n * total
         if self._bias.size < size:
             self._bias = np.zeros(max(size, 2 * self._bias.size), np.float32)
+            self._bias_pointer = self._bias.ctypes.data  # taken once: .ctypes builds an object on every access
         view = self._bias[:size].reshape(n, total)
-        past = total - n
         if bias is None:
             view[:] = 0.0
-            view[:, past:][np.triu_indices(n, 1)] = -np.inf
+            if n > 1:  # causal among the new tokens; one token sees everything
+                view[:, total - n :][np.triu_indices(n, 1)] = -np.inf
         else:
             visible = total - bias.shape[1]
             view[:, :visible] = 0.0
             view[:, visible:] = bias
-        return view
 
     def truncate(self, length: int) -> None:
         self.kv.truncate(length)

@@ -13,7 +13,7 @@ from decoctl.errors import ModelLoadError
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer"]
 
-REPLACEMENT = "\ufffd"
+CONTEXT = 8  # tokens decoded before the held-back ones when flushing, as tokenizers' DecodeStream does
 
 
 @attrs.define
@@ -99,6 +99,3 @@ class IncrementalDetokenizer:
         self._emitted = len(self._ids)
         self._stream = DecodeStream(skip_special_tokens=True)
         return after[len(before) :]
-
-
-CONTEXT = 8

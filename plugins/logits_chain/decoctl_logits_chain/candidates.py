@@ -16,7 +16,7 @@ import numpy as np
 from decoctl import ProcessContext
 from decoctl_logits_chain.base import NEG_INF, Processor
 
-__all__ = ["CandidateRun", "Narrowing", "finite_candidates", "select_top", "through_ties"]
+__all__ = ["CandidateRun", "Narrowing", "finite_candidates", "select_top", "sort_candidates", "through_ties"]
 
 
 def finite_candidates(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

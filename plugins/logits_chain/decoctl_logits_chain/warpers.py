@@ -112,9 +112,14 @@ class TopP(Narrowing):
         if self.top_p >= 1.0 or logits.size <= self.min_keep:
             return ids, logits
         mass = np.cumsum(np.exp(logits.astype(np.float64) - logits[0]))  # sorted: the head is everything
-        above = min(int(np.searchsorted(mass, self.top_p * mass[-1])), logits.size - 1)
-        n = through_ties(logits, max(above + (self.top_p > 0), self.min_keep))
+        n = through_ties(logits, self._nucleus(mass, mass[-1]))
         return ids[:n], logits[:n]
+
+    def _nucleus(self, mass: np.ndarray, total: float) -> int:
+        """How many of the head stay, given its cumulative unnormalised ``mass`` from the top down: rank r stays
+        iff the mass above it, mass[r - 1] (0 for the top token), is below top_p."""
+        above = min(int(np.searchsorted(mass, self.top_p * total)), mass.size - 1)
+        return max(above + (self.top_p > 0), self.min_keep)
 
     def _cut(self, logits: np.ndarray) -> np.float32:
         """The smallest logit that stays, among finite ``logits`` (more than min_keep of them)."""
@@ -125,9 +130,7 @@ class TopP(Narrowing):
         if mass[-1] < self.top_p * total:  # the nucleus is wider than the head: sort everything
             head = _largest(logits, logits.size)
             mass = np.cumsum(np.exp(head.astype(np.float64) - top))
-        # rank r stays iff the mass above it, mass[r - 1] (0 for the top token), is below top_p
-        above = min(int(np.searchsorted(mass, self.top_p * total)), head.size - 1)
-        return head[max(above + (self.top_p > 0), self.min_keep) - 1]
+        return head[self._nucleus(mass, total) - 1]
 
 
 class MinP(Narrowing):
