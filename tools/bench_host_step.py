@@ -5,6 +5,7 @@
     .venv/bin/python tools/bench_host_step.py fast-path MODEL    # runner through onnxruntime's C++ objects vs wrappers
     .venv/bin/python tools/bench_host_step.py chain MODEL "top_k=40,top_p=0.95,temperature=0.8"   # per processor
     .venv/bin/python tools/bench_host_step.py layers MODEL       # generate() vs a bare Sequence loop vs ort-genai
+    .venv/bin/python tools/bench_host_step.py heads TARGET --head HEAD   # an EAGLE head's step, narrowed variants
 
 Runs with decoctl's own venv, one intra-op thread. Each mode alternates its contenders round by round and prints
 medians (microseconds or milliseconds a step), so drift in machine load hits all alike; run it on a quiet machine.
@@ -13,9 +14,11 @@ medians (microseconds or milliseconds a step), so drift in machine load hits all
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -123,9 +126,68 @@ def layers(model: str, rounds: int) -> None:
         print(f"{name}: {value:.0f} us a token")
 
 
+def heads(target: str, head: str, rounds: int) -> None:
+    """One-token steps of an exported EAGLE head (tools/export_eagle.py) and of copies of it with a narrower MLP
+    and/or an lm_head of the first 1024 columns (timing only: the copies' weights are cut, not trained), beside
+    one-token steps of the target. 100 tokens cached, 60 steps a round."""
+    import tempfile
+
+    import onnx
+    from onnx import numpy_helper
+
+    from decoctl.testing.eagle import DRAFT_IDS, HEAD_WEIGHTS, write_eagle_head
+
+    stored = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(Path(head) / "model.onnx")).graph.initializer}
+    base = {name: stored["model." + name] for name in HEAD_WEIGHTS}
+    config = json.loads((Path(head) / "genai_config.json").read_text())["model"]["decoder"]
+    inner = base["layers.0.gate_proj"].shape[1]
+    folder = Path(tempfile.mkdtemp(prefix="decoctl-heads-"))
+
+    def variant(name: str, mlp: int, columns: int | None) -> Sequence:
+        weights = dict(base)
+        if mlp < inner:
+            weights |= {f"layers.0.{k}": weights[f"layers.0.{k}"][:, :mlp].copy() for k in ("gate_proj", "up_proj")}
+            weights["layers.0.down_proj"] = weights["layers.0.down_proj"][:mlp].copy()
+        if columns is not None:
+            weights |= {"lm_head": weights["lm_head"][:, :columns].copy(), DRAFT_IDS: np.arange(columns)}
+        write_eagle_head(
+            folder / name,
+            weights,
+            target,
+            num_heads=config["num_attention_heads"],
+            num_kv_heads=config["num_key_value_heads"],
+            max_length=512,
+        )
+        return Sequence(name, load_model(folder / name, threads=1), max_length=512)
+
+    narrow = max(1, inner * 3 // 8)
+    sequences = {
+        f"head, MLP {inner}, every column": variant("full", inner, None),
+        f"head, MLP {narrow}, every column": variant("mlp", narrow, None),
+        f"head, MLP {inner}, 1024 columns": variant("vocab", inner, 1024),
+        f"head, MLP {narrow}, 1024 columns": variant("both", narrow, 1024),
+    }
+    features = np.random.default_rng(0).normal(size=(100, base["fc_bias"].size)).astype(np.float32)
+
+    def steps(sequence: Sequence, with_features: bool) -> float:
+        sequence.rewind(0)
+        sequence.forward(np.arange(5, 105), features=features if with_features else None)
+        started = time.perf_counter()
+        for _ in range(60):
+            sequence.forward((7,), features=features[:1] if with_features else None)
+        return (time.perf_counter() - started) / 60 * 1e6
+
+    contenders = {name: (lambda s=s: steps(s, True)) for name, s in sequences.items()}
+    the_target = Sequence("target", load_model(target, threads=1), max_length=512)
+    contenders["target"] = lambda: steps(the_target, False)
+    for name, value in alternate(contenders, rounds).items():
+        print(f"{name}: {value:.0f} us a step")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("sessions", "fast-path", "chain", "layers"))
+    parser.add_argument("mode", choices=("sessions", "fast-path", "chain", "layers", "heads"))
+    parser.add_argument("--head", help="heads: an exported EAGLE head folder")
     parser.add_argument("model")
     parser.add_argument("processors", nargs="?", default="top_k=40,top_p=0.95,temperature=0.8")
     parser.add_argument("--rounds", type=int, default=6)
@@ -134,6 +196,8 @@ def main() -> None:
         sessions(args.model, args.rounds)
     elif args.mode == "fast-path":
         fast_path(args.model, max(args.rounds, 20))
+    elif args.mode == "heads":
+        heads(args.model, args.head, max(args.rounds, 8))
     elif args.mode == "layers":
         layers(args.model, max(args.rounds, 14))
     else:
