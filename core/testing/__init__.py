@@ -11,6 +11,7 @@ of plugin distributions::
 """
 
 from decoctl.testing.eagle import build_eagle_head, write_eagle_head
+from decoctl.testing.greedy import TIE_GAP, first_divergence_is_a_tie
 from decoctl.testing.models import (
     AUX_LAYERS_METADATA_KEY,
     build_genai_model,
@@ -33,10 +34,12 @@ __all__ = [
     "EOS_TOKEN_ID",
     "PAD_TOKEN_ID",
     "SPECIAL_TOKENS",
+    "TIE_GAP",
     "build_eagle_head",
     "build_genai_model",
     "build_optimum_model",
     "build_tokenizer",
+    "first_divergence_is_a_tie",
     "reference_logits",
     "reference_outputs",
     "top2_gap",

@@ -12,12 +12,9 @@ from typing import Any
 import pytest
 
 from decoctl import Generator
-from decoctl.host import Sequence
-from decoctl.model import load_model
 from decoctl.plugins import PluginRegistry
-from decoctl.testing import top2_gap
+from decoctl.testing import first_divergence_is_a_tie
 
-TIE_GAP = 1e-4
 PROMPTS = [
     "def fib(n):",
     "import os\nimport sys\n",
@@ -33,15 +30,6 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "tree narrow and deep": {"drafting": "tree", "topk": 1, "depth": 7, "nodes": 7},
     "tree wide": {"drafting": "tree", "topk": 6, "depth": 3, "nodes": 30},
 }
-
-
-def first_divergence_is_a_tie(folder: Path, prompt: list[int], expected: tuple[int, ...], got: tuple[int, ...]) -> bool:
-    """True when the sequences agree, or first differ where the baseline's row is a near-tie."""
-    if expected == got:
-        return True
-    at = next(i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b)
-    row = Sequence("target", load_model(folder, threads=1)).prefill([*prompt, *expected[:at]])[0]
-    return bool(top2_gap(row) < TIE_GAP)
 
 
 @pytest.mark.parametrize("case", list(OPTIONS))

@@ -12,12 +12,9 @@ import numpy as np
 import pytest
 
 from decoctl import Generator
-from decoctl.host import Sequence
-from decoctl.model import load_model
 from decoctl.plugins import PluginRegistry
-from decoctl.testing import top2_gap
+from decoctl.testing import first_divergence_is_a_tie
 
-TIE_GAP = 1e-4
 PROMPTS = [
     "def fib(n):",
     "import os\nimport sys\n",
@@ -25,18 +22,6 @@ PROMPTS = [
     "class Stack:\n    def push(self, item):\n        self.items.append(item)\n    def pop(self):",
     "é天😀 (x) é天😀 (x) é天",
 ]
-
-
-def first_divergence_is_a_tie(
-    folder: Path, prompt_ids: list[int], expected: tuple[int, ...], got: tuple[int, ...]
-) -> bool:
-    """True when the sequences agree, or first differ where the baseline's row is a near-tie."""
-    if expected == got:
-        return True
-    at = next(i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b)
-    sequence = Sequence("target", load_model(folder, threads=1))
-    row = sequence.prefill([*prompt_ids, *expected[:at]])[0]
-    return bool(top2_gap(row) < TIE_GAP)
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])
