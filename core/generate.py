@@ -26,7 +26,7 @@ from decoctl.output import Output, StopRules
 from decoctl.plugins import PluginRegistry
 from decoctl.processing import ProcessorChain
 from decoctl.resolve import parse_processor_chain, resolve_controller, resolve_model
-from decoctl.specs import ControllerSpec, parse_options
+from decoctl.specs import ControllerSpec, normalise_name, parse_options
 
 __all__ = ["GenerationResult", "GenerationStats", "Generator", "generate", "stream"]
 
@@ -144,10 +144,11 @@ class Generator:
                 f"role(s) {unused} were given but controller {self.spec.name!r} uses only {list(self.roles)} with "
                 "these options: remove them or pick a controller (or options) that uses them"
             )
-        defaults = {}
-        if given["target"] is None:
-            bundle = self.registry.models().get(resolve_model(None, self.registry)[0])
-            defaults = dict(bundle.roles) if bundle else {}
+        # a bundled target (the default, or one named) brings its own models for the other roles
+        target = given["target"]
+        named = resolve_model(None, self.registry)[0] if target is None else target
+        bundle = self.registry.models().get(normalise_name(named)) if isinstance(named, str) else None
+        defaults = dict(bundle.roles) if bundle else {}
         missing = [r for r in self.roles if r not in given and r not in defaults]
         if missing:
             raise ConfigError(

@@ -4,7 +4,7 @@
 #
 #   tools/build_demo_models.sh            # THREADS=2 by default; nothing else should run meanwhile
 #
-# 1. pycode-small (preset small, 8M tokens)      2. the target's greedy continuations (1M tokens)
+# 1. pycode-small (preset small, 2M tokens)      2. the target's greedy continuations (0.5M tokens)
 # 3. the draft, distilled from the target        4. the EAGLE head, trained on the target's features
 # 5. ONNX exports, verified against torch        6. metrics (tools/eval.py -> build/eval/report.json)
 # 7. the bundle under plugins/models/decoctl_models/: weights stored as float16 (tools/half_storage.py),
@@ -32,17 +32,17 @@ if [ "$(seen target)" -lt "$TARGET_TOKENS" ]; then
 fi
 
 step "pycode-small"
-"$TOOLS" tools/train.py --preset small --total-tokens 8000000 --threads "$THREADS"
+"$TOOLS" tools/train.py --preset small --total-tokens 2000000 --threads "$THREADS"
 
 step "target greedy continuations"
-"$TOOLS" tools/distill_draft.py --make-greedy 1000000 --threads "$THREADS"
+"$TOOLS" tools/distill_draft.py --make-greedy 500000 --threads "$THREADS"
 
 step "draft, distilled"
-"$TOOLS" tools/distill_draft.py --total-tokens 8000000 --greedy-mix 0.5 --threads "$THREADS"
+"$TOOLS" tools/distill_draft.py --total-tokens 4500000 --greedy-mix 0.5 --threads "$THREADS"
 
 step "EAGLE head"
 # a lean head: on this 6-layer target a full-size head costs ~20% of a target step (docs/MODELS.md)
-"$TOOLS" tools/train_eagle.py --target target --total-tokens 4000000 --threads "$THREADS" --draft-vocab 2048 --head-intermediate 512
+"$TOOLS" tools/train_eagle.py --target target --total-tokens 2000000 --threads "$THREADS" --draft-vocab 2048 --head-intermediate 512
 
 step "exports"
 "$TOOLS" tools/export.py target --out "$EXPORT/pycode" --threads "$THREADS"

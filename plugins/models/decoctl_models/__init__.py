@@ -1,1 +1,1 @@
-"""decoctl-models: the demo models bundled with decoctl (see MODEL_CARD.md beside each model)."""
+"""decoctl-models: the demo models bundled with decoctl (see MODEL_CARD.md in this folder)."""
