@@ -79,8 +79,9 @@ def max_logit_diff(a: Path, b: Path, ids: list[int]) -> float:
             features = np.random.default_rng(0).normal(size=(len(ids), caps.feature_size)).astype(np.float32)
         sequence = Sequence("check", model, max_length=len(ids) + 1)
         rows.append(sequence.forward(ids, features=features).copy())
-    same = rows[0] == rows[1]  # equal infinities too (a draft-vocabulary head's -inf columns)
-    return float(np.where(same, 0.0, np.abs(rows[0] - rows[1])).max())
+    # equal infinities (a draft-vocabulary head's -inf columns) count as no difference, not as inf - inf = nan
+    differ = rows[0] != rows[1]
+    return float(np.abs(rows[0][differ] - rows[1][differ]).max(initial=0.0))
 
 
 def main() -> None:

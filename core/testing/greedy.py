@@ -28,8 +28,8 @@ def first_divergence_is_a_tie(
     expected, got = tuple(expected), tuple(got)
     if expected == got:
         return True
-    at = next((i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b), min(len(expected), len(got)))
-    if at == min(len(expected), len(got)):
+    at = next((i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b), None)
+    if at is None:
         return False  # one is a prefix of the other: a length difference is no tie
     row = Sequence("target", load_model(folder, threads=1)).prefill([*prompt_ids, *expected[:at]])[0]
     return bool(top2_gap(row) < TIE_GAP)
