@@ -57,9 +57,9 @@ def draw(weights: np.ndarray, rng: np.random.Generator) -> int:
     return min(index, len(weights) - 1)
 
 
-def accept_greedy(rows: np.ndarray, drafts: list[int]) -> tuple[int, int]:
-    """rows: float32[k+1, vocab] processed target logits, row i after drafts[:i]. Returns (accepted, next)."""
-    choices = rows.argmax(axis=-1)
+def accept_greedy(choices: np.ndarray, drafts: list[int]) -> tuple[int, int]:
+    """choices: int64[k+1] the target's processed argmax (``host.argmax``), row i after drafts[:i].
+    Returns (accepted, next)."""
     accepted = 0
     for draft, choice in zip(drafts, choices, strict=False):
         if int(choice) != draft:

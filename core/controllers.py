@@ -39,8 +39,7 @@ class Greedy:
 
     def step(self, host: Host) -> None:
         target = host.target
-        row = host.process(target.logits()[-1:])
-        token = int(row[0].argmax())
+        token = int(host.argmax(target.logits()[-1:])[0])
         host.commit((token,))
         if not host.done:
             target.forward((token,))

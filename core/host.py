@@ -476,7 +476,25 @@ class Host:
         """
         if not self._chain:
             return rows
-        n = len(rows)
+        return self._chain(rows, self._process_context(len(rows), drafted, paths))
+
+    def argmax(
+        self,
+        rows: np.ndarray,
+        drafted: Seq[int] | None = None,
+        *,
+        paths: Seq[Seq[int]] | None = None,
+    ) -> np.ndarray:
+        """int64[n]: each processed row's argmax (the first on ties), what greedy decoding and greedy
+        verification need. Equal to ``process(rows, ...).argmax(axis=1)``; the chain may skip its trailing
+        steps where they provably keep a row's argmax (``ProcessorChain.argmax``)."""
+        if not self._chain:
+            return rows.argmax(axis=1)
+        return self._chain.argmax(rows, self._process_context(len(rows), drafted, paths))
+
+    def _process_context(
+        self, n: int, drafted: Seq[int] | None, paths: Seq[Seq[int]] | None
+    ) -> ProcessContext:
         if paths is None:
             drafted = () if drafted is None else [int(t) for t in drafted]
             if n > len(drafted) + 1:
@@ -486,11 +504,10 @@ class Host:
             paths = [drafted[:i] for i in range(n)]
         elif len(paths) != n:
             raise SequenceError(f"process() got {n} rows and {len(paths)} paths: give one path per row")
-        context = ProcessContext(
+        return ProcessContext(
             self._prompt,
             self._output.ids,
             paths,
             eos_token_ids=self._output.rules.eos_token_ids,
             tokenizer=self.target.model.tokenizer,
         )
-        return self._chain(rows, context)

@@ -303,12 +303,12 @@ class Eagle:
         return rows
 
     def _verify_chain(self, host: Host, drafts: list[int], q: np.ndarray | None) -> tuple[int, int]:
-        rows = host.process(self._target_forward(host.target, [self._pending, *drafts]), drafts)
+        logits = self._target_forward(host.target, [self._pending, *drafts])
         self._count(self.verify_sizes, len(drafts) + 1)
         self.drafted += len(drafts)
         if not self.sampling:
-            return accept_greedy(rows, drafts)
-        p = probabilities(rows, self.temperature)
+            return accept_greedy(host.argmax(logits, drafts), drafts)
+        p = probabilities(host.process(logits, drafts), self.temperature)
         if q is None:  # nothing drafted: plain sampling from the pending token's row
             return 0, draw(p[0], host.rng)
         return accept_sampled(p, q, drafts, host.rng)
@@ -324,16 +324,18 @@ class Eagle:
             self._count(self.tree_verify_sizes, tree.size)
         self.drafted += tree.size - 1
         self.largest_tree = max(self.largest_tree, tree.size)
-        processed = host.process(rows, paths=[list(p) for p in tree.paths])
+        paths = [list(p) for p in tree.paths]
+        processed = host.process(rows, paths=paths) if self.sampling else None
+        choices = None if self.sampling else host.argmax(rows, paths=paths)
         node, path = 0, []
         while True:
             children = tree.children[node]
             if self.sampling:
-                p = probabilities(processed[node : node + 1], self.temperature)[0]
+                p = probabilities(processed[node : node + 1], self.temperature)[0]  # type: ignore[index]
                 place, token = choose_child(p, [tree.tokens[c] for c in children], host.rng)
                 child = None if place is None else children[place]
             else:
-                token = int(np.argmax(processed[node]))
+                token = int(choices[node])  # type: ignore[index]
                 child = next((c for c in children if tree.tokens[c] == token), None)
             if child is None:
                 return path, token

@@ -30,6 +30,9 @@ class GreedyTerminal(Narrowing):
     def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return ids[:1], logits[:1]  # sorted, tied ids ascending: the dense argmax (the first maximum)
 
+    def bound_argmax(self, top: np.float32, second: np.float32) -> tuple[np.float32, np.float32]:
+        return top, second
+
 
 class SampleTerminal(Narrowing):
     """The identity: the chain ends in a draw from softmax(processed logits) with the generation's rng (the
@@ -42,3 +45,6 @@ class SampleTerminal(Narrowing):
 
     def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return ids, logits
+
+    def bound_argmax(self, top: np.float32, second: np.float32) -> tuple[np.float32, np.float32]:
+        return top, second

@@ -37,6 +37,11 @@ class Temperature(Narrowing):
     def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return ids, logits / self.temperature
 
+    def bound_argmax(self, top: np.float32, second: np.float32) -> tuple[np.float32, np.float32] | None:
+        """Dividing by T > 0 keeps the order, but rounding can make two close logits equal: checked in float32."""
+        top, second = np.float32(top) / self.temperature, np.float32(second) / self.temperature
+        return (top, second) if second < top else None
+
 
 class TopK(Narrowing):
     """Keep logit_i >= the k-th largest logit (k = max(top_k, min_tokens_to_keep)); ties at the k-th all stay."""
@@ -51,6 +56,9 @@ class TopK(Narrowing):
 
     def enter(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return sort_candidates(select_top(row, self.k), row)
+
+    def bound_argmax(self, top: np.float32, second: np.float32) -> tuple[np.float32, np.float32] | None:
+        return (top, second) if self.k >= 1 else None  # the top token stays as it was; others only drop out
 
     def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         n = through_ties(logits, self.k)
@@ -108,6 +116,9 @@ class TopP(Narrowing):
                 row[alive[logits < self._cut(logits)]] = NEG_INF
         return rows
 
+    def bound_argmax(self, top: np.float32, second: np.float32) -> tuple[np.float32, np.float32] | None:
+        return (top, second) if self.min_keep >= 1 else None  # the top stays as it was; others only go
+
     def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.top_p >= 1.0 or logits.size <= self.min_keep:
             return ids, logits
@@ -147,6 +158,9 @@ class MinP(Narrowing):
         cut = rows.max(axis=1, keepdims=True) + np.float32(np.log(self.min_p))
         rows[(rows < cut) & (rows < kth_largest(rows, self.min_keep))] = NEG_INF
         return rows
+
+    def bound_argmax(self, top: np.float32, second: np.float32) -> tuple[np.float32, np.float32] | None:
+        return (top, second) if self.min_keep >= 1 else None  # the top stays as it was; others only go
 
     def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.min_p <= 0 or logits.size <= self.min_keep:
@@ -201,6 +215,9 @@ class Epsilon(Narrowing):
         rows[(rows < cut) & (rows < kth_largest(rows, self.min_keep))] = NEG_INF
         return rows
 
+    def bound_argmax(self, top: np.float32, second: np.float32) -> tuple[np.float32, np.float32] | None:
+        return (top, second) if self.min_keep >= 1 else None  # the top stays as it was; others only go
+
     def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if logits.size <= self.min_keep:
             return ids, logits
@@ -221,6 +238,9 @@ class Eta(Narrowing):
         eta = np.minimum(self.epsilon, np.sqrt(self.epsilon) * np.exp(-entropy))
         rows[(rows < log_total + np.log(eta)) & (rows < kth_largest(rows, self.min_keep))] = NEG_INF
         return rows
+
+    def bound_argmax(self, top: np.float32, second: np.float32) -> tuple[np.float32, np.float32] | None:
+        return (top, second) if self.min_keep >= 1 else None  # the top stays as it was; others only go
 
     def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if logits.size <= self.min_keep:

@@ -9,7 +9,9 @@ tree rooted at the pending token:
   level 0 up to c: positions and visibility exactly as in the paper's attention mask;
 - the verification branch, up to ``guesses`` pool n-grams that start with the pending token (those that
   followed the same two tokens first, then the most recent), merged into a trie below the root (shared prefixes
-  are fed once).
+  are fed once); with ``copy_length`` L > 0, first a copy: the up to L tokens that followed the last earlier
+  occurrence of the context's final two tokens (the pool's n-grams stop at N - 1 tokens, while text that repeats
+  often repeats for longer; the copy is prompt lookup's draft, verified in the same forward).
 
 The root's row and the trie's rows verify the guesses: the longest path whose tokens the target would have
 produced is accepted, plus the target's own next token. The last level's rows give a new level: each column
@@ -24,7 +26,7 @@ import numpy as np
 
 from decoctl import CapabilityError, Host, Option
 from decoctl.acceptance import choose_child, probabilities
-from decoctl_lookahead.pool import NGramPool
+from decoctl_lookahead.pool import NGramPool, PairIndex
 
 __all__ = ["OPTIONS", "Lookahead"]
 
@@ -38,6 +40,13 @@ OPTIONS = (
     Option(name="ngram", type="int", default=3, minimum=2, help="N: n-gram size (the window has N-1 levels)"),
     Option(name="guesses", type="int", default=1, minimum=1, help="G: pool n-grams verified per step"),
     Option(name="pool_per_key", type="int", default=16, minimum=1, help="n-grams kept per first token"),
+    Option(
+        name="copy_length",
+        type="int",
+        default=0,
+        minimum=0,
+        help="L: also verify up to L tokens copied from after the last earlier occurrence of the final two tokens",
+    ),
     Option(
         name="allow_degraded",
         type="bool",
@@ -53,8 +62,15 @@ DEGRADED = "lookahead: verification branch only (model has no tree inputs; allow
 
 
 def scratch_for(options: dict[str, Any]) -> int:
-    """Tree nodes beyond the pending token: the window plus a full verification trie."""
-    return 1 + (options["ngram"] - 1) * (options["window"] + options["guesses"])
+    """Tree nodes beyond the pending token: the window plus a full verification trie (and the copy)."""
+    return 1 + (options["ngram"] - 1) * (options["window"] + options["guesses"]) + options["copy_length"]
+
+
+def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 class _Trie:
@@ -94,6 +110,7 @@ class Lookahead:
         self.sampling = options["sampling"]
         self.temperature = options["temperature"]
         self.seed_window = options["seed_window"]
+        self.copy_length = options["copy_length"]
         self._parents = self._window_parents()
 
     def _window_parents(self) -> list[int]:
@@ -124,16 +141,24 @@ class Lookahead:
         self.pool = NGramPool(self.pool_per_key)
         self.pool.add_sequence(prompt.tolist(), self.levels + 1)
         self._context = [int(t) for t in prompt]
+        self._pairs = PairIndex()
+        self._pairs.extend(self._context)
         self._pooled_until = max(0, len(self._context) - self.levels)
         rng = np.random.default_rng(self.seed_window)
         self._grid = rng.choice(prompt, size=(self.levels, self.window)).astype(np.int64)
         target.rewind(target.length - 1)
         self._pending = int(prompt[-1])
         self.steps = self.accepted = self.hits = self.verified = self.trimmed = 0
+        self.copied = self.copy_accepted = 0
         #: target forwards by tokens fed -> count, tree and chain apart (the bench prices them on its cost curve)
         self.tree_sizes: dict[int, int] = {}
         self.chain_sizes: dict[int, int] = {}
-        host.trace["lookahead"] = {"window": self.window, "ngram": self.levels + 1, "guesses": self.guesses}
+        host.trace["lookahead"] = {
+            "window": self.window,
+            "ngram": self.levels + 1,
+            "guesses": self.guesses,
+            "copy_length": self.copy_length,
+        }
 
     # -- one step -----------------------------------------------------------------------------------------
     def step(self, host: Host) -> None:
@@ -142,12 +167,16 @@ class Lookahead:
         room = target.max_length - base - 1
         longest = min(self.levels, host.remaining - 1)
         before = self._context[-2] if len(self._context) > 1 else None
-        found = self.pool.candidates(self._pending, self.guesses, before) if longest > 0 else []
-        grams = [g[:longest] for g in found]
+        copy = tuple(self._pairs.copy(min(self.copy_length, host.remaining - 1)))
+        found = self.pool.candidates(self._pending, self.guesses + bool(copy), before) if longest > 0 else []
+        grams = [g[:longest] for g in found if copy[: len(g[:longest])] != g[:longest]][: self.guesses]
+        if copy:  # pool n-grams that are a prefix of the copy add nothing to the trie: others take their place
+            grams.insert(0, copy)
+            self.copied += 1
         if self.degraded:
             self._verify_chain(host, base, grams[:1])
             return
-        width = self.window if room >= self.levels * self.window + self.levels * len(grams) else 0
+        width = self.window if room >= self.levels * self.window + sum(len(g) for g in grams) else 0
         self.trimmed += width == 0
         window_nodes = self.levels * width
         trie = _Trie()
@@ -159,9 +188,8 @@ class Lookahead:
         rows = target.forward(tokens, tree=parents)
         self.tree_sizes[len(tokens)] = self.tree_sizes.get(len(tokens), 0) + 1
         verify_nodes = [0, *range(1 + window_nodes, len(tokens))]
-        processed = host.process(rows[verify_nodes], paths=[[], *trie.paths])
         row_of = {node: i for i, node in enumerate(verify_nodes)}
-        path, following = self._walk(host, processed, row_of, trie)
+        path, following = self._walk(host, self._verdicts(host, rows[verify_nodes], [[], *trie.paths]), row_of, trie)
         if width:
             last_level = rows[1 + (self.levels - 1) * width : 1 + self.levels * width]
             self._shift_window(last_level.argmax(axis=-1))
@@ -170,16 +198,23 @@ class Lookahead:
         self.hits += bool(path)
         self.accepted += len(path)
         new = [tokens[node] for node in path] + [following]
+        if copy:
+            self.copy_accepted += _common_prefix(copy, new)
         self._finish_step(host, new, keep=[0, *path])
 
-    def _walk(self, host: Host, processed: np.ndarray, row_of: dict[int, int], trie: _Trie) -> tuple[list[int], int]:
-        """Follow the trie from the root while the target agrees; return (accepted nodes, next token)."""
+    def _verdicts(self, host: Host, rows: np.ndarray, paths: list[list[int]]) -> np.ndarray:
+        """What the walk reads for each verified row: its processed logits when sampling, else its argmax."""
+        return host.process(rows, paths=paths) if self.sampling else host.argmax(rows, paths=paths)
+
+    def _walk(self, host: Host, verdicts: np.ndarray, row_of: dict[int, int], trie: _Trie) -> tuple[list[int], int]:
+        """Follow the trie from the root while the target agrees; return (accepted nodes, next token).
+        ``verdicts``: per row, the processed logits (sampling) or the processed argmax (greedy)."""
         node, path = 0, []
         while True:
-            row = processed[row_of[node]]
+            row = verdicts[row_of[node]]
             children = trie.children.get(node, {})
             if not self.sampling:
-                token = int(np.argmax(row))
+                token = int(row)
                 child = children.get(token)
                 if child is None:
                     return path, token
@@ -210,7 +245,7 @@ class Lookahead:
         """Degraded mode: one candidate as a chain [pending, g1..gm]; no window."""
         target = host.target
         gram = list(grams[0]) if grams else []
-        rows = host.process(target.forward([self._pending, *gram]), gram)
+        rows = self._verdicts(host, target.forward([self._pending, *gram]), [gram[:i] for i in range(len(gram) + 1)])
         self.chain_sizes[len(gram) + 1] = self.chain_sizes.get(len(gram) + 1, 0) + 1
         trie = _Trie()
         if gram:
@@ -237,6 +272,7 @@ class Lookahead:
         self._pending = new[-1]
         context = self._context
         context.extend(new)
+        self._pairs.extend(new)
         n = self.levels + 1
         self.pool.add_sequence(context, n, start=self._pooled_until)
         self._pooled_until = max(self._pooled_until, len(context) - n + 1)
@@ -251,6 +287,8 @@ class Lookahead:
             "verified_ngrams": self.verified,
             "pool_size": self.pool.size,
             "window_skipped_steps": self.trimmed,
+            "copies_verified": self.copied,
+            "copied_tokens_accepted": self.copy_accepted,
             "degraded": self.degraded,
             "verify_sizes": dict(self.chain_sizes),
             "tree_verify_sizes": dict(self.tree_sizes),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from decoctl_lookahead import NGramPool
+from decoctl_lookahead import NGramPool, PairIndex
 
 from decoctl import CapabilityError, GenerationError, Generator
 from decoctl.plugins import PluginRegistry
@@ -46,6 +46,35 @@ def test_lookahead_takes_several_tokens_per_forward_once_output_repeats(
     assert lookahead.stats.tokens_per_target_forward > 1.2
     assert stats["hits"] > 0
     assert stats["pool_size"] > 0
+
+
+@pytest.mark.parametrize(("window", "ngram", "guesses", "copy_length"), [(1, 3, 1, 6), (2, 3, 2, 3), (1, 2, 1, 10)])
+def test_greedy_lookahead_with_copies_is_greedy_and_takes_copied_tokens(
+    tree_model: Path, registry: PluginRegistry, window: int, ngram: int, guesses: int, copy_length: int
+) -> None:
+    baseline = Generator({"target": tree_model}, "greedy", registry=registry)
+    options = {"window": window, "ngram": ngram, "guesses": guesses, "copy_length": copy_length}
+    lookahead = Generator({"target": tree_model}, "lookahead", options=options, registry=registry)
+    copied = 0
+    for prompt in PROMPTS:
+        result = lookahead.generate(prompt, max_new_tokens=48)
+        assert result.tokens == baseline.generate(prompt, max_new_tokens=48).tokens, prompt
+        stats = result.stats.controller
+        assert sum(stats["tree_verify_sizes"].values()) == result.stats.forwards["target"]
+        copied += stats["copied_tokens_accepted"]
+    assert copied > 0
+
+
+def test_copies_follow_the_last_earlier_occurrence_of_the_final_two_tokens() -> None:
+    index = PairIndex()
+    index.extend([1, 2, 3, 4, 1, 2, 5])
+    assert index.copy(3) == []  # (2, 5) never occurred before
+    index.extend([9, 1, 2])
+    assert index.copy(3) == [5, 9, 1]  # the most recent earlier (1, 2) was followed by 5, 9, 1
+    assert index.copy(1) == [5]
+    assert index.copy(0) == []
+    index.extend([5])
+    assert index.copy(10) == [9, 1, 2, 5]  # what there is, up to the end of the context
 
 
 def test_the_stats_count_every_target_forward_by_the_tokens_it_fed(tree_model: Path, registry: PluginRegistry) -> None:

@@ -114,11 +114,14 @@ class Speculative:
             drafts, q = self.drafter.propose(host, context, k) if k > 0 else ([], None)
         q = None if q is None else q[: len(drafts)]
         verified = time.perf_counter()
-        rows = host.process(target.forward([self._pending, *drafts]), drafts)
-        forwarded = time.perf_counter()
+        logits = target.forward([self._pending, *drafts])
         if not self.sampling:
-            accepted, following = accept_greedy(rows, drafts)
+            choices = host.argmax(logits, drafts)
+            forwarded = time.perf_counter()
+            accepted, following = accept_greedy(choices, drafts)
         else:
+            rows = host.process(logits, drafts)
+            forwarded = time.perf_counter()
             p = probabilities(rows, self.temperature)
             if q is None:
                 accepted, following = accept_deterministic(p, drafts, host.rng)
