@@ -389,4 +389,6 @@ _REPORTED_STATS = (
     "standard_fallback_steps",
     "ngram_lookup_hits",
     "effective_k",
+    "total_draft_ms",
+    "total_verify_ms",
 )

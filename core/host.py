@@ -492,9 +492,7 @@ class Host:
             return rows.argmax(axis=1)
         return self._chain.argmax(rows, self._process_context(len(rows), drafted, paths))
 
-    def _process_context(
-        self, n: int, drafted: Seq[int] | None, paths: Seq[Seq[int]] | None
-    ) -> ProcessContext:
+    def _process_context(self, n: int, drafted: Seq[int] | None, paths: Seq[Seq[int]] | None) -> ProcessContext:
         if paths is None:
             drafted = () if drafted is None else [int(t) for t in drafted]
             if n > len(drafted) + 1:

@@ -142,7 +142,8 @@ class ProcessorChain:
         for step in self.steps[:cut]:
             out = step(out, context)
         choices = out.argmax(axis=1)
-        if cut == len(self.steps) or all(self._keeps(row, int(choice), cut) for row, choice in zip(out, choices)):
+        kept = (self._keeps(row, int(choice), cut) for row, choice in zip(out, choices, strict=True))
+        if cut == len(self.steps) or all(kept):
             return choices
         for step in self.steps[cut:]:
             out = step(out, context)

@@ -276,13 +276,7 @@ class Eagle:
                 place[c] = len(place)
                 predicted[c] = np.array(hidden[index])
             processed = host.process(rows, paths=[list(candidates.paths[c]) for c in frontier])
-            grown = [
-                child
-                for index, c in enumerate(frontier)
-                for child in candidates.expand(
-                    c, log_probabilities(processed[index : index + 1], temperature)[0], self.topk
-                )
-            ]
+            grown = candidates.expand_rows(frontier, log_probabilities(processed, temperature), self.topk)
             frontier = candidates.best(grown, self.topk)
         return candidates.tree(pending, nodes)
 

@@ -48,20 +48,29 @@ class Candidates:
     def expand(self, parent: int, log_probs: np.ndarray, k: int) -> list[int]:
         """Add the k most probable children of ``parent`` (-1: the pending token) from the head's float64[vocab]
         log-probabilities; tokens of probability 0 are never drafted. Returns the new candidates."""
-        k = min(k, len(log_probs))
-        top = np.argpartition(-log_probs, k - 1)[:k]
-        top = top[np.argsort(-log_probs[top], kind="stable")]
-        base = 0.0 if parent < 0 else self.scores[parent]
-        prefix = () if parent < 0 else self.paths[parent]
+        return self.expand_rows([parent], log_probs[None, :], k)
+
+    def expand_rows(self, parents: list[int], log_probs: np.ndarray, k: int) -> list[int]:
+        """``expand`` for several parents at once, row i of float64[n, vocab] ``log_probs`` belonging to
+        ``parents[i]``: one partition and one sort over all rows instead of a pair per row. Returns the new
+        candidates, parent by parent, each parent's most probable first."""
+        k = min(k, log_probs.shape[1])
+        top = np.argpartition(-log_probs, k - 1, axis=1)[:, :k]
+        values = np.take_along_axis(log_probs, top, axis=1)
+        order = np.argsort(-values, axis=1, kind="stable")
+        top, values = np.take_along_axis(top, order, axis=1).tolist(), np.take_along_axis(values, order, axis=1)
         added = []
-        for token in top.tolist():
-            if not np.isfinite(log_probs[token]):
-                break
-            added.append(len(self.tokens))
-            self.tokens.append(token)
-            self.parents.append(parent)
-            self.scores.append(base + float(log_probs[token]))
-            self.paths.append((*prefix, token))
+        for parent, tokens, logs in zip(parents, top, values.tolist(), strict=True):
+            base = 0.0 if parent < 0 else self.scores[parent]
+            prefix = () if parent < 0 else self.paths[parent]
+            for token, log_p in zip(tokens, logs, strict=True):
+                if log_p == -np.inf:
+                    break
+                added.append(len(self.tokens))
+                self.tokens.append(token)
+                self.parents.append(parent)
+                self.scores.append(base + log_p)
+                self.paths.append((*prefix, token))
         return added
 
     def best(self, among: list[int], k: int) -> list[int]:

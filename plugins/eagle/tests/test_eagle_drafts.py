@@ -78,3 +78,21 @@ def test_a_draft_vocabulary_head_gives_the_full_heads_logits_on_its_ids_and_minu
     assert narrow.shape == full.shape and kept.sum() == full.shape[1] // 2
     assert (np.isfinite(narrow) == kept).all()  # the same draft ids in every row, -inf elsewhere
     np.testing.assert_allclose(narrow[:, kept], full[:, kept], rtol=1e-5, atol=1e-5)
+
+
+@given(st.integers(0, 2**16), st.integers(1, 5))
+@settings(max_examples=60, deadline=None)
+def test_expanding_several_rows_at_once_equals_expanding_each(seed: int, topk: int) -> None:
+    rng = np.random.default_rng(seed)
+    one_by_one, batched = Candidates(), Candidates()
+    root = log_probabilities(rng.normal(size=(1, 12)) * 2, 1.0)[0]
+    parents = one_by_one.expand(-1, root, 3)
+    assert batched.expand(-1, root, 3) == parents
+    rows = log_probabilities(np.round(rng.normal(size=(len(parents), 12)), 1), 1.0)  # rounded: ties happen
+    rows[rng.random(rows.shape) < 0.4] = -np.inf  # masked tokens are never drafted
+    expected = [
+        child for parent, row in zip(parents, rows, strict=True) for child in one_by_one.expand(parent, row, topk)
+    ]
+    assert batched.expand_rows(parents, rows, topk) == expected
+    assert (batched.tokens, batched.parents, batched.paths) == (one_by_one.tokens, one_by_one.parents, one_by_one.paths)
+    np.testing.assert_allclose(batched.scores, one_by_one.scores)
