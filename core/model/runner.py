@@ -117,6 +117,7 @@ class Runner:
         self._features = _Growable(caps.feature_size, np.float32) if caps.feature_input and caps.feature_size else None
         self._bias = np.zeros(0, np.float32)
         self._bias_pointer = 0
+        self._causal: dict[int, np.ndarray] = {}
         self._names = spec
         self._caps = caps
 
@@ -194,11 +195,21 @@ class Runner:
         if bias is None:
             view[:] = 0.0
             if n > 1:  # causal among the new tokens; one token sees everything
-                view[:, total - n :][np.triu_indices(n, 1)] = -np.inf
+                view[:, total - n :] = self._causal_block(n)
         else:
             visible = total - bias.shape[1]
             view[:, :visible] = 0.0
             view[:, visible:] = bias
+
+    def _causal_block(self, n: int) -> np.ndarray:
+        """float32[n, n]: 0 on and below the diagonal, -inf above. Kept for the small n of decode steps (building
+        one with np.triu_indices costs ~25 us a step); a prompt's block is built and dropped."""
+        block = self._causal.get(n)
+        if block is None:
+            block = np.triu(np.full((n, n), -np.inf, np.float32), 1)
+            if n <= 64:
+                self._causal[n] = block
+        return block
 
     def truncate(self, length: int) -> None:
         self.kv.truncate(length)

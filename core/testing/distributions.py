@@ -92,12 +92,15 @@ def exact_two_token_marginals(
     return dict(enumerate(first.tolist())), {**dict(enumerate(second.tolist())), NO_SECOND: no_second}
 
 
-def sample_two_tokens(generator: Any, prompt: str, trials: int) -> tuple[Counter[int], Counter[int]]:
-    """Counts of the first and second token over ``trials`` generations seeded 0..trials-1."""
+def sample_two_tokens(
+    generator: Any, prompt: str, trials: int, *, max_new_tokens: int = 2
+) -> tuple[Counter[int], Counter[int]]:
+    """Counts of the first and second token over ``trials`` generations seeded 0..trials-1 (each generating
+    ``max_new_tokens``: more lets a controller draft beyond the second token)."""
     first: Counter[int] = Counter()
     second: Counter[int] = Counter()
     for seed in range(trials):
-        tokens = generator.generate(prompt, max_new_tokens=2, seed=seed).tokens
+        tokens = generator.generate(prompt, max_new_tokens=max_new_tokens, seed=seed).tokens
         first[tokens[0]] += 1
         second[tokens[1] if len(tokens) > 1 else NO_SECOND] += 1
     return first, second

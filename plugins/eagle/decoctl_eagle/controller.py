@@ -65,6 +65,14 @@ OPTIONS = (
         help="tree: EAGLE-2 dynamic tree verified in one tree forward (needs tree inputs); chain: K tokens",
     ),
     Option(name="k", type="int", default=5, minimum=1, maximum=64, help="chain: tokens drafted per step"),
+    Option(
+        name="confidence",
+        type="float",
+        default=0.0,
+        minimum=0.0,
+        maximum=1.0,
+        help="chain: stop drafting before a token the head gives a lower probability (0: always draft k)",
+    ),
     Option(name="depth", type="int", default=5, minimum=1, maximum=32, help="tree: draft depth D"),
     Option(
         name="topk",
@@ -111,6 +119,11 @@ def scratch_for(options: dict[str, Any]) -> int:
     return max(options["nodes"], (options["depth"] - 1) * options["topk"]) + 1
 
 
+def _top_probability(row: np.ndarray, top: int) -> float:
+    """softmax(row)[top] for the row's argmax ``top`` (masked entries -inf), in float32: a draft-side heuristic."""
+    return float(1.0 / np.exp(row - row[top]).sum())
+
+
 def _tree_capacity(depth: int, topk: int) -> int:
     """Candidates a tree drafts: topk at depth 1, topk * topk at every further depth."""
     return topk + (depth - 1) * topk * topk
@@ -123,6 +136,7 @@ class Eagle:
         check_options(options)
         self.tree = options["drafting"] == "tree"
         self.k = int(options["k"])
+        self.confidence = float(options["confidence"])
         self.depth = int(options["depth"])
         self.topk = int(options["topk"])
         self.nodes = int(options["nodes"])
@@ -138,6 +152,7 @@ class Eagle:
         self.head_seconds = self.target_seconds = self.draft_seconds = self.verify_seconds = 0.0
         self.prompt_head_seconds = 0.0
         self.largest_tree = 0
+        self.stopped_unsure = 0
         #: target forwards by tokens fed (chains) and by nodes (trees), for the bench's ideal-speedup model
         self.verify_sizes: dict[int, int] = {}
         self.tree_verify_sizes: dict[int, int] = {}
@@ -234,17 +249,26 @@ class Eagle:
         qs: list[np.ndarray] = []
         for index in range(k):
             processed = host.process(row[None, :], paths=[list(drafts)])
+            # the head's doubt predicts a rejection (EAGLE-2's observation): stop and verify what there is. The
+            # test reads the head's row only (its top probability), never the token drawn from it, so a proposal
+            # that is made is still drawn from exactly q and the min(1, p/q) rule stays exact
             if self.sampling:
                 q = probabilities(processed, self.temperature)[0]
+                if q.max() < self.confidence:
+                    self.stopped_unsure += 1
+                    break
                 token = draw(q, host.rng)
                 qs.append(q)
             else:
                 token = int(np.argmax(processed[0]))
+                if self.confidence and _top_probability(processed[0], token) < self.confidence:
+                    self.stopped_unsure += 1
+                    break
             drafts.append(token)
             if index + 1 < k:
                 row = self._head_forward(head, [token], feature[None, :])[-1]
                 feature = head.hidden_states()[-1]
-        return drafts, (np.stack(qs) if self.sampling else None)
+        return drafts, (np.stack(qs) if self.sampling and qs else None)
 
     def _draft_tree(self, host: Host, room: int) -> DraftTree:
         head = host[HEAD]
@@ -370,6 +394,7 @@ class Eagle:
             "tau": self.committed / steps if steps else 0.0,
             "mean_drafted_per_step": self.drafted / steps if steps else 0.0,
             "largest_tree": self.largest_tree,
+            "stopped_unsure": self.stopped_unsure,
             "head_forwards": self.head_forwards,
             "head_seconds": self.head_seconds,
             "prompt_head_seconds": self.prompt_head_seconds,

@@ -26,6 +26,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "chain k=1": {"drafting": "chain", "k": 1},
     "chain k=4": {"drafting": "chain", "k": 4},
     "chain k=9": {"drafting": "chain", "k": 9},
+    "chain k=4, stopping where the head is unsure": {"drafting": "chain", "k": 4, "confidence": 0.2},
     "tree default": {"drafting": "tree"},
     "tree narrow and deep": {"drafting": "tree", "topk": 1, "depth": 7, "nodes": 7},
     "tree wide": {"drafting": "tree", "topk": 6, "depth": 3, "nodes": 30},
@@ -42,6 +43,9 @@ def test_greedy_eagle_is_greedy(case: str, target: Path, head: Path, registry: P
         got = eagle.generate(prompt, max_new_tokens=40).tokens
         assert first_divergence_is_a_tie(target, baseline.tokenizer.encode(prompt), expected, got), prompt
         ties += expected != got
+        if OPTIONS[case].get("confidence"):
+            stats = eagle.last.stats.controller
+            assert stats["stopped_unsure"] > 0 and stats["drafted"] > 0, stats  # both ways taken
     assert ties <= 1
 
 

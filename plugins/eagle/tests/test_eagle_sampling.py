@@ -39,6 +39,8 @@ CHAIN = {"drafting": "chain", "k": 2, "temperature": 1.3}
 TREE = {"drafting": "tree", "depth": 2, "topk": 3, "nodes": 6, "temperature": 0.6}
 CASES = {
     "chain drafted from q (min(1, p/q))": (CHAIN, "def fib(n):", False),
+    # three tokens a generation: the first draft is always made, the second only after some first tokens
+    "chain drafted from q, stopping where the head is unsure": ({**CHAIN, "confidence": 0.07}, "def fib(n):", False),
     "chain drafted from q, with a processor chain": (CHAIN, "def fib(n):", True),
     "tree (point-mass rule over children)": (TREE, REPETITIVE, False),
     "tree, with a processor chain": (TREE, REPETITIVE, True),
@@ -60,8 +62,13 @@ def test_sampling_eagle_matches_plain_sampling_on_the_first_two_tokens(
         threads=1,
     )
     trials = 2500
-    first, second = sample_two_tokens(generator, prompt, trials)
-    assert generator.last.stats.controller["drafted"] > 0
+    if options.get("confidence"):
+        first, second = sample_two_tokens(generator, prompt, trials, max_new_tokens=3)
+        seen = [generator.generate(prompt, max_new_tokens=3, seed=s).stats.controller for s in range(50)]
+        assert sum(c["drafted"] for c in seen) > 0 and sum(c["stopped_unsure"] for c in seen) > 0
+    else:
+        first, second = sample_two_tokens(generator, prompt, trials)
+        assert generator.last.stats.controller["drafted"] > 0
     ids = generator.tokenizer.encode(prompt)
 
     def exact(temperature: float) -> tuple[dict[int, float], dict[int, float]]:
