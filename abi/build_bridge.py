@@ -50,6 +50,8 @@ extern "Python" int32_t decoctl_py_log_message(void *, int32_t, const char *);
 extern "Python" const char *decoctl_py_host_error(void *);
 extern "Python" int32_t decoctl_py_forward_features(void *, decoctl_role *, const int64_t *, const int32_t *, int64_t,
                                                     const float *, int64_t, decoctl_rows *);
+extern "Python" int32_t decoctl_py_argmax(void *, const float *, int64_t, int64_t, const int64_t *, int64_t,
+                                          int64_t *);
 """
 
 HELPERS_CDEF = """
@@ -198,6 +200,7 @@ void decoctl_bridge_fill_table(decoctl_host *table, decoctl_bridge_host *mirror)
     table->log_message = decoctl_py_log_message;
     table->host_error = decoctl_py_host_error;
     table->forward_features = decoctl_py_forward_features;
+    table->argmax = decoctl_py_argmax;
 }
 
 #if defined(_WIN32)

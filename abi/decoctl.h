@@ -38,7 +38,7 @@ extern "C" {
 /* DECOCTL_CDEF_BEGIN: the cffi bridge (abi/build_bridge.py) reads the declarations up to DECOCTL_CDEF_END. */
 
 #define DECOCTL_ABI_MAJOR 1 /* a library whose major differs from the host's is refused at load */
-#define DECOCTL_ABI_MINOR 1 /* minors only add fields at the ends of structs: check struct_size */
+#define DECOCTL_ABI_MINOR 2 /* minors only add fields at the ends of structs: check struct_size */
 
 /* Status codes. */
 #define DECOCTL_OK 0
@@ -190,6 +190,15 @@ typedef struct decoctl_host {
      * DECOCTL_ERR_CAPABILITY. */
     int32_t (*forward_features)(void *host_data, decoctl_role *role, const int64_t *tokens, const int32_t *parents,
                                 int64_t n, const float *features, int64_t width, decoctl_rows *out_rows);
+
+    /* ---- added in ABI 1.2: check DECOCTL_HAS(host, decoctl_host, argmax) before calling ------------------ */
+
+    /* The argmax of each row after the generation's logits-processor chain (the first of equal maxima), for
+     * greedy decoding and greedy verification: what process() then an argmax per row gives, but the chain may
+     * skip trailing processors that provably keep a row's unique maximum (top_k, top_p, temperature, ...).
+     * rows, n, width, drafted, n_drafted as for process(). out_tokens: caller-owned, room for n ids. */
+    int32_t (*argmax)(void *host_data, const float *rows, int64_t n, int64_t width, const int64_t *drafted,
+                      int64_t n_drafted, int64_t *out_tokens);
 } decoctl_host;
 
 /* One controller a library provides. Plugin-owned, static: valid for as long as the library is loaded. */

@@ -56,7 +56,7 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 ABI_MAJOR = 1
-ABI_MINOR = 1
+ABI_MINOR = 2
 ENTRY_SYMBOL = "decoctl_plugin_entry"
 MAX_CONTROLLERS = 1024  # more than this in one entry means the entry is garbage, not a big library
 
@@ -795,6 +795,22 @@ def _install_callbacks() -> None:
             out_rows.n, out_rows.width = n, width
             return ok
         _fill_rows(out_rows, instance, None, "processed", result)
+        return ok
+
+    @extern
+    def decoctl_py_argmax(
+        host_data: Any, rows: Any, n: int, width: int, drafted: Any, n_drafted: int, out_tokens: Any
+    ) -> int:
+        host = _current(host_data)._host()
+        if rows == ffi.NULL or out_tokens == ffi.NULL or n < 1:
+            raise ConfigError(f"argmax(): rows and out_tokens must not be NULL and n ({n}) at least 1")
+        vocab = host.target.vocab_size
+        if width != vocab:
+            raise ConfigError(f"argmax(): width is {width}, but rows must span the vocabulary ({vocab})")
+        given = np.frombuffer(ffi.buffer(rows, n * width * 4), dtype=np.float32).reshape(n, width)
+        prefix = _ids(drafted, n_drafted, "argmax()") if n_drafted else None
+        chosen = host.argmax(given, prefix)
+        np.frombuffer(ffi.buffer(out_tokens, n * 8), dtype=np.int64)[:] = chosen
         return ok
 
     @extern

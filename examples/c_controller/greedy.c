@@ -30,6 +30,21 @@ static int32_t fail(greedy_state *s, int32_t status, const char *what) {
     return status;
 }
 
+/* The argmax of the processed row: the host's argmax where it has one (ABI 1.2: the chain may skip processors
+ * that keep a unique maximum, such as top_k or temperature), else process() and a scan (a 1.0 or 1.1 host). */
+static int32_t choose(greedy_state *s, const float *row, int64_t width, int64_t *out_token) {
+    const decoctl_host *h = s->host;
+    if (DECOCTL_HAS(h, decoctl_host, argmax)) {
+        int32_t status = h->argmax(h->host_data, row, 1, width, NULL, 0, out_token);
+        return status < 0 ? fail(s, status, "argmax") : DECOCTL_OK;
+    }
+    decoctl_rows processed = DECOCTL_ROWS_INIT;
+    int32_t status = h->process(h->host_data, row, 1, width, NULL, 0, &processed);
+    if (status < 0) return fail(s, status, "process");
+    *out_token = argmax(processed.data, processed.width);
+    return DECOCTL_OK;
+}
+
 static int32_t greedy_create(const decoctl_host *host, const char *config_json, void **out_state) {
     (void)config_json; /* greedy takes no options */
     greedy_state *s = calloc(1, sizeof(*s));
@@ -43,13 +58,13 @@ static int32_t greedy_create(const decoctl_host *host, const char *config_json, 
 static int32_t greedy_step(void *state) {
     greedy_state *s = state;
     const decoctl_host *h = s->host;
-    decoctl_rows logits = DECOCTL_ROWS_INIT, processed = DECOCTL_ROWS_INIT;
+    decoctl_rows logits = DECOCTL_ROWS_INIT;
     int32_t status = h->logits(h->host_data, s->target, &logits);
     if (status < 0) return fail(s, status, "logits");
     const float *last = logits.data + (logits.n - 1) * logits.width; /* the row predicting the next token */
-    status = h->process(h->host_data, last, 1, logits.width, NULL, 0, &processed);
-    if (status < 0) return fail(s, status, "process");
-    int64_t token = argmax(processed.data, processed.width);
+    int64_t token;
+    status = choose(s, last, logits.width, &token);
+    if (status < 0) return status;
     status = h->commit(h->host_data, &token, 1, NULL);
     if (status < 0) return fail(s, status, "commit");
     if (h->done(h->host_data)) return DECOCTL_OK;

@@ -108,6 +108,51 @@ def test_the_logits_chain_reaches_c_controllers_through_process_with_drafted_pre
         assert result.stats.controller["accepted"] > 0
 
 
+class Keeper:
+    """The identity, declaring that it keeps a unique maximum (``bound_argmax``), and counting its calls."""
+
+    calls = 0
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        del options
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        Keeper.calls += 1
+        return rows
+
+    def bound_argmax(self, top: np.float32, second: np.float32) -> tuple[np.float32, np.float32]:
+        return top, second
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        del tokens
+
+    def reset(self, prompt: np.ndarray) -> None:
+        del prompt
+
+
+class KeeperPlugin:
+    @hookimpl
+    def decoctl_logits_processors(self) -> list[ProcessorSpec]:
+        return [ProcessorSpec(name="keeper", summary="identity that keeps the argmax", factory=Keeper)]
+
+
+def test_c_greedy_takes_the_hosts_argmax_which_skips_processors_that_keep_the_maximum(
+    genai_model: Path, c_examples: dict[str, Path]
+) -> None:
+    registry = PluginRegistry(autoload=False)
+    registry.register(CyclePlugin(), "cycle")
+    registry.register(KeeperPlugin(), "keeper")
+    expected = generate(genai_model, "greedy", registry, REPETITIVE, n=24, processors="cycle,keeper")
+    Keeper.calls = 0
+    result = generate(
+        genai_model, f"{c_examples['greedy']}:greedy", registry, REPETITIVE, n=24, processors="cycle,keeper"
+    )
+    assert result.tokens == expected.tokens
+    assert Keeper.calls == 0  # argmax (ABI 1.2) ran the cycle processor only: random logits have no tied maximum
+    generate(genai_model, f"{c_examples['greedy']}:greedy", registry, REPETITIVE, n=4, processors="keeper,cycle")
+    assert Keeper.calls > 0  # not trailing: it runs
+
+
 def test_a_plugin_distribution_can_ship_a_compiled_library(
     genai_model: Path, c_examples: dict[str, Path], registry: PluginRegistry
 ) -> None:
