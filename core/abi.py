@@ -594,6 +594,19 @@ def _ids(pointer: Any, n: int, what: str) -> np.ndarray:
     return np.frombuffer(ffi.buffer(pointer, n * 8), dtype=np.int64).copy()
 
 
+def _chain_input(
+    host: Host, rows: Any, n: int, width: int, drafted: Any, n_drafted: int, out: Any, what: str, out_name: str
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """process()/argmax(): the caller's float32[n, vocab] rows as an array (no copy) and the drafted prefix."""
+    if rows == ffi.NULL or out == ffi.NULL or n < 1:
+        raise ConfigError(f"{what}(): rows and {out_name} must not be NULL and n ({n}) at least 1")
+    vocab = host.target.vocab_size
+    if width != vocab:
+        raise ConfigError(f"{what}(): width is {width}, but rows must span the vocabulary ({vocab})")
+    given = np.frombuffer(ffi.buffer(rows, n * width * 4), dtype=np.float32).reshape(n, width)
+    return given, (_ids(drafted, n_drafted, f"{what}()") if n_drafted else None)
+
+
 _ROWS_MIN_SIZE = 0  # set once the bridge is imported
 
 
@@ -781,13 +794,7 @@ def _install_callbacks() -> None:
     ) -> int:
         instance = _current(host_data)
         host = instance._host()
-        if rows == ffi.NULL or out_rows == ffi.NULL or n < 1:
-            raise ConfigError(f"process(): rows and out_rows must not be NULL and n ({n}) at least 1")
-        vocab = host.target.vocab_size
-        if width != vocab:
-            raise ConfigError(f"process(): width is {width}, but rows must span the vocabulary ({vocab})")
-        given = np.frombuffer(ffi.buffer(rows, n * width * 4), dtype=np.float32).reshape(n, width)
-        prefix = _ids(drafted, n_drafted, "process()") if n_drafted else None
+        given, prefix = _chain_input(host, rows, n, width, drafted, n_drafted, out_rows, "process", "out_rows")
         result = host.process(given, prefix)
         if result is given:  # no processor configured: the caller's rows, no copy
             _check_rows(out_rows)
@@ -802,13 +809,7 @@ def _install_callbacks() -> None:
         host_data: Any, rows: Any, n: int, width: int, drafted: Any, n_drafted: int, out_tokens: Any
     ) -> int:
         host = _current(host_data)._host()
-        if rows == ffi.NULL or out_tokens == ffi.NULL or n < 1:
-            raise ConfigError(f"argmax(): rows and out_tokens must not be NULL and n ({n}) at least 1")
-        vocab = host.target.vocab_size
-        if width != vocab:
-            raise ConfigError(f"argmax(): width is {width}, but rows must span the vocabulary ({vocab})")
-        given = np.frombuffer(ffi.buffer(rows, n * width * 4), dtype=np.float32).reshape(n, width)
-        prefix = _ids(drafted, n_drafted, "argmax()") if n_drafted else None
+        given, prefix = _chain_input(host, rows, n, width, drafted, n_drafted, out_tokens, "argmax", "out_tokens")
         chosen = host.argmax(given, prefix)
         np.frombuffer(ffi.buffer(out_tokens, n * 8), dtype=np.int64)[:] = chosen
         return ok
