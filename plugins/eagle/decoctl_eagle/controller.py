@@ -57,14 +57,17 @@ HEAD = "eagle"
 DRAFTING = ("tree", "chain")
 
 OPTIONS = (
+    # defaults sized for a CPU, where a tree forward over 17 nodes costs ~2.4 one-token forwards: on the finished demo
+    # target (build/tuning_prompts.jsonl, the head trained for 13.5 M tokens) a chain of 2 gave 1.12x greedy, k=1
+    # 1.08x, k=3 1.07x, EAGLE-2's tree of depth 5, top-k 4, 16 nodes 0.62x (docs/BENCHMARKS.md)
     Option(
         name="drafting",
         type="str",
-        default="tree",
+        default="chain",
         choices=DRAFTING,
         help="tree: EAGLE-2 dynamic tree verified in one tree forward (needs tree inputs); chain: K tokens",
     ),
-    Option(name="k", type="int", default=5, minimum=1, maximum=64, help="chain: tokens drafted per step"),
+    Option(name="k", type="int", default=2, minimum=1, maximum=64, help="chain: tokens drafted per step"),
     Option(
         name="confidence",
         type="float",

@@ -29,8 +29,9 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
     "speculative, draft model": ("speculative", {}),
     "speculative, prompt lookup": ("speculative", {"drafter": "prompt-lookup"}),
     "lookahead": ("lookahead", {}),
-    "eagle, tree": ("eagle", {}),
-    "eagle, chain": ("eagle", {"drafting": "chain", "k": 4}),
+    "eagle, tree": ("eagle", {"drafting": "tree"}),
+    "eagle, chain (the default)": ("eagle", {}),
+    "eagle, chain k=4, unsure stops": ("eagle", {"drafting": "chain", "k": 4, "confidence": 0.3}),
 }
 
 
