@@ -42,7 +42,8 @@ step "draft, distilled"
 
 step "EAGLE head"
 # a lean head: on this 6-layer target a full-size head costs ~20% of a target step (docs/MODELS.md)
-"$TOOLS" tools/train_eagle.py --target target --total-tokens 2000000 --threads "$THREADS" --draft-vocab 2048 --head-intermediate 512
+# the bundled head: 2 M tokens, then resumed to 13.5 M (docs/MODELS.md); one run to 13.5 M gives a similar head
+"$TOOLS" tools/train_eagle.py --target target --total-tokens 13500000 --threads "$THREADS" --draft-vocab 2048 --head-intermediate 512
 
 step "exports"
 "$TOOLS" tools/export.py target --out "$EXPORT/pycode" --threads "$THREADS"

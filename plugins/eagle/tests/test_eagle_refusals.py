@@ -70,7 +70,9 @@ def test_tree_drafting_needs_tree_inputs_on_the_target_and_says_how_to_add_them(
     plain_target: Path, mimic_head: Path, registry: PluginRegistry
 ) -> None:
     with pytest.raises(CapabilityError, match=r"\['tree'\] on role 'target'.*decoctl models enable-tree"):
-        Generator({"target": plain_target, "eagle": mimic_head}, "eagle", registry=registry)
+        Generator(
+            {"target": plain_target, "eagle": mimic_head}, "eagle", options={"drafting": "tree"}, registry=registry
+        )
 
 
 def test_a_missing_head_is_refused_naming_the_role(target: Path, registry: PluginRegistry) -> None:
@@ -86,7 +88,10 @@ def test_a_missing_head_is_refused_naming_the_role(target: Path, registry: Plugi
         ({"k": 0}, "k=0 must be at least 1"),
         ({"topk": "many"}, "topk='many' is not a int"),
         ({"temperature": 0}, "temperature=0.0 must be at least"),
-        ({"depth": 2, "topk": 2, "nodes": 7}, "nodes=7 is more than the 6 candidates a tree of depth=2 and topk=2"),
+        (
+            {"drafting": "tree", "depth": 2, "topk": 2, "nodes": 7},
+            "nodes=7 is more than the 6 candidates a tree of depth=2 and topk=2",
+        ),
     ],
 )
 def test_bad_options_are_refused_before_any_model_loads(
