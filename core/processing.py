@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["LogitsProcessor", "ProcessContext", "ProcessorChain", "fuse"]
+__all__ = ["LogitsProcessor", "ProcessContext", "ProcessorChain", "bound_through", "fuse"]
 
 
 class ProcessContext:
@@ -106,6 +106,17 @@ def fuse(processors: Sequence[LogitsProcessor]) -> tuple[LogitsProcessor, ...]:
     return tuple(steps)
 
 
+def bound_through(steps: Sequence[Any], top: Any, second: Any) -> tuple[Any, Any] | None:
+    """The bounds (``LogitsProcessor.bound_argmax``) of a row after ``steps`` in turn, starting from a unique
+    maximum ``top`` over others <= ``second``; None unless every step promises the maximum stays unique."""
+    bounds: tuple[Any, Any] | None = (top, second)
+    for step in steps:
+        if bounds is None or not bounds[1] < bounds[0]:
+            return None
+        bounds = step.bound_argmax(*bounds)
+    return bounds if bounds is not None and bounds[1] < bounds[0] else None
+
+
 class ProcessorChain:
     """Processors applied in order. An empty chain is the identity and copies nothing.
 
@@ -116,6 +127,10 @@ class ProcessorChain:
     def __init__(self, processors: Sequence[LogitsProcessor] = ()) -> None:
         self.processors = tuple(processors)
         self.steps = fuse(self.processors)
+        #: where the trailing steps that declare bound_argmax begin (argmax may skip them)
+        self._bounded_from = len(self.steps)
+        while self._bounded_from and getattr(self.steps[self._bounded_from - 1], "bound_argmax", None) is not None:
+            self._bounded_from -= 1
 
     def __bool__(self) -> bool:
         return bool(self.processors)
@@ -135,9 +150,7 @@ class ProcessorChain:
         steps before them is a unique maximum that each of them promises to keep (their bounds are checked in
         float32, the arithmetic they use); otherwise they run as usual.
         """
-        cut = len(self.steps)
-        while cut and getattr(self.steps[cut - 1], "bound_argmax", None) is not None:
-            cut -= 1
+        cut = self._bounded_from
         out = np.array(rows, dtype=np.float32, copy=True) if self.steps else rows
         for step in self.steps[:cut]:
             out = step(out, context)
@@ -157,12 +170,7 @@ class ProcessorChain:
         row[choice] = -np.inf
         second = row.max()
         row[choice] = top
-        bounds: tuple[Any, Any] | None = (top, second)
-        for step in self.steps[cut:]:
-            if bounds is None or not bounds[1] < bounds[0]:
-                return False
-            bounds = step.bound_argmax(*bounds)  # type: ignore[attr-defined]
-        return bounds is not None and bounds[1] < bounds[0]
+        return bound_through(self.steps[cut:], top, second) is not None
 
     def commit(self, tokens: Sequence[int]) -> None:
         for processor in self.processors:

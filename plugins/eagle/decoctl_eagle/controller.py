@@ -345,18 +345,18 @@ class Eagle:
             self._count(self.tree_verify_sizes, tree.size)
         self.drafted += tree.size - 1
         self.largest_tree = max(self.largest_tree, tree.size)
+        # per node: its processed logits when sampling, else its processed argmax
         paths = [list(p) for p in tree.paths]
-        processed = host.process(rows, paths=paths) if self.sampling else None
-        choices = None if self.sampling else host.argmax(rows, paths=paths)
+        verdicts = host.process(rows, paths=paths) if self.sampling else host.argmax(rows, paths=paths)
         node, path = 0, []
         while True:
             children = tree.children[node]
             if self.sampling:
-                p = probabilities(processed[node : node + 1], self.temperature)[0]  # type: ignore[index]
+                p = probabilities(verdicts[node : node + 1], self.temperature)[0]
                 place, token = choose_child(p, [tree.tokens[c] for c in children], host.rng)
                 child = None if place is None else children[place]
             else:
-                token = int(choices[node])  # type: ignore[index]
+                token = int(verdicts[node])
                 child = next((c for c in children if tree.tokens[c] == token), None)
             if child is None:
                 return path, token

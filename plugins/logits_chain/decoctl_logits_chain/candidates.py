@@ -12,10 +12,12 @@ array) under decoctl's dense contract: the row that comes out equals what the st
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
 from decoctl import ProcessContext
+from decoctl.processing import bound_through
 from decoctl_logits_chain.base import NEG_INF, Processor
 
 __all__ = ["CandidateRun", "Narrowing", "finite_candidates", "select_top", "sort_candidates", "through_ties"]
@@ -118,16 +120,8 @@ class CandidateRun(Processor):
     def bound_argmax(self) -> Callable[[np.float32, np.float32], tuple[np.float32, np.float32] | None] | None:
         """Its steps' bounds in turn, when every step has them (``LogitsProcessor.bound_argmax``)."""
         if all(getattr(step, "bound_argmax", None) is not None for step in self.steps):
-            return self._bound_argmax
+            return partial(bound_through, self.steps)
         return None
-
-    def _bound_argmax(self, top: np.float32, second: np.float32) -> tuple[np.float32, np.float32] | None:
-        bounds: tuple[np.float32, np.float32] | None = (top, second)
-        for step in self.steps:
-            if bounds is None or not bounds[1] < bounds[0]:
-                return None
-            bounds = step.bound_argmax(*bounds)  # type: ignore[attr-defined]
-        return bounds
 
     def __repr__(self) -> str:
         return f"CandidateRun({', '.join(type(step).__name__ for step in self.steps)})"

@@ -142,9 +142,9 @@ class Lookahead:
             host.trace.setdefault("degraded", []).append(DEGRADED)
         self.pool = NGramPool(self.pool_per_key)
         self.pool.add_sequence(prompt.tolist(), self.levels + 1)
-        self._context = [int(t) for t in prompt]
-        self._pairs = PairIndex()
-        self._pairs.extend(self._context)
+        self._pairs = PairIndex()  # holds the context (prompt and committed output) the copies come from
+        self._pairs.extend(prompt.tolist())
+        self._context = self._pairs.tokens
         self._pooled_until = max(0, len(self._context) - self.levels)
         rng = np.random.default_rng(self.seed_window)
         self._grid = rng.choice(prompt, size=(self.levels, self.window)).astype(np.int64)
@@ -171,7 +171,8 @@ class Lookahead:
         before = self._context[-2] if len(self._context) > 1 else None
         copy = tuple(self._pairs.copy(min(self.copy_length, host.remaining - 1)))
         found = self.pool.candidates(self._pending, self.guesses + bool(copy), before) if longest > 0 else []
-        grams = [g[:longest] for g in found if copy[: len(g[:longest])] != g[:longest]][: self.guesses]
+        cut = [g[:longest] for g in found]
+        grams = [g for g in cut if copy[: len(g)] != g][: self.guesses]
         if copy:  # pool n-grams that are a prefix of the copy add nothing to the trie: others take their place
             grams.insert(0, copy)
             self.copied += 1
@@ -201,7 +202,7 @@ class Lookahead:
         self.accepted += len(path)
         new = [tokens[node] for node in path] + [following]
         if copy:
-            self.copy_accepted += _common_prefix(copy, new)
+            self.copy_accepted += _common_prefix(copy, new[:-1])  # accepted drafts only, not the target's token
         self._finish_step(host, new, keep=[0, *path])
 
     def _verdicts(self, host: Host, rows: np.ndarray, paths: list[list[int]]) -> np.ndarray:
@@ -272,9 +273,8 @@ class Lookahead:
             assert rewind_to is not None
             host.target.rewind(rewind_to)
         self._pending = new[-1]
+        self._pairs.extend(new)  # self._context is its token list
         context = self._context
-        context.extend(new)
-        self._pairs.extend(new)
         n = self.levels + 1
         self.pool.add_sequence(context, n, start=self._pooled_until)
         self._pooled_until = max(self._pooled_until, len(context) - n + 1)
