@@ -4,7 +4,10 @@ Install it and every decoctl controller accepts ``--processors "repetition_penal
 ``decoctl generate -c chain`` samples from the processed distribution.
 """
 
+from decoctl_logits_chain.biases import SequenceBias, SuppressTokensAtBegin
 from decoctl_logits_chain.controller import ChainController, pick_token
+from decoctl_logits_chain.dry import Dry
+from decoctl_logits_chain.numeric import Normalize, RemoveInvalid
 from decoctl_logits_chain.penalties import (
     BadWords,
     ExponentialDecayLengthPenalty,
@@ -17,14 +20,18 @@ from decoctl_logits_chain.penalties import (
     RepetitionPenalty,
     SuppressTokens,
 )
+from decoctl_logits_chain.samplers import DynamicTemperature, ExcludeTopChoices, TopH, TopNSigma
 from decoctl_logits_chain.terminal import GreedyTerminal, SampleTerminal
 from decoctl_logits_chain.warpers import Epsilon, Eta, MinP, Temperature, TopK, TopP, TypicalP
 
 __all__ = [
     "BadWords",
     "ChainController",
+    "Dry",
+    "DynamicTemperature",
     "Epsilon",
     "Eta",
+    "ExcludeTopChoices",
     "ExponentialDecayLengthPenalty",
     "FrequencyPenalty",
     "GreedyTerminal",
@@ -33,12 +40,18 @@ __all__ = [
     "MinNewTokens",
     "MinP",
     "NoRepeatNGram",
+    "Normalize",
     "PresencePenalty",
+    "RemoveInvalid",
     "RepetitionPenalty",
     "SampleTerminal",
+    "SequenceBias",
     "SuppressTokens",
+    "SuppressTokensAtBegin",
     "Temperature",
+    "TopH",
     "TopK",
+    "TopNSigma",
     "TopP",
     "TypicalP",
     "pick_token",

@@ -3,7 +3,9 @@
 suppress_tokens = "13 42"           token ids, separated by spaces or semicolons
 bad_words       = "5 6 7 | 9"       sequences separated by '|', tokens by spaces
 logit_bias      = "13:-5 42:2.5"    TOKEN:BIAS pairs
-a JSON or TOML value also works: [13, 42], [[5, 6, 7], [9]], {"13": -5}
+sequence_bias   = "5 6:-2 | 9:1.5"  TOKENS:BIAS items separated by '|'
+breakers        = "\\n|:"           texts separated by '|', with backslash escapes (\\n, \\t, \\|)
+a JSON or TOML value also works: [13, 42], [[5, 6, 7], [9]], {"13": -5}, [[[5, 6], -2], [[9], 1.5]], ["\\n", ":"]
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from decoctl import ConfigError
 
-__all__ = ["parse_bias", "parse_sequences", "parse_structured", "parse_tokens"]
+__all__ = ["parse_bias", "parse_sequence_bias", "parse_sequences", "parse_structured", "parse_texts", "parse_tokens"]
 
 
 def parse_structured(text: str) -> Any:
@@ -99,3 +101,51 @@ def parse_bias(text: str, owner: str) -> dict[int, float]:
     if not biases:
         raise ConfigError(f"{owner}: no TOKEN:BIAS pairs given, e.g. '13:-5 42:2.5'")
     return biases
+
+
+def parse_sequence_bias(text: str, owner: str) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """``"5 6:-2 | 9:1.5"`` or ``[[[5, 6], -2], [[9], 1.5]]`` (transformers' form) -> (((5, 6), -2.0), ((9,), 1.5))."""
+    text = text.strip()
+    items: list[tuple[Any, Any]] = []
+    if _looks_structured(text):
+        value = _structured(text, owner)
+        if not isinstance(value, list) or not all(isinstance(i, list) and len(i) == 2 for i in value):
+            raise ConfigError(f"{owner}: {text!r} must be a list of [token ids, bias] pairs, e.g. [[[5, 6], -2]]")
+        items = [(tokens, bias) for tokens, bias in value]
+    else:
+        for part in (p.strip() for p in text.split("|")):
+            tokens, sep, bias = part.rpartition(":")
+            if not sep or not tokens.strip():
+                raise ConfigError(f"{owner}: {part!r} must be TOKENS:BIAS, e.g. '5 6:-2'")
+            items.append((tokens.split(), bias))
+    parsed = []
+    for tokens, bias in items:
+        try:
+            amount = float(bias)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{owner}: bias {bias!r} is not a number") from None
+        sequence = tuple(_token(t, owner) for t in (tokens if isinstance(tokens, list) else [tokens]))
+        if not sequence:
+            raise ConfigError(f"{owner}: an empty token sequence in {text!r}")
+        parsed.append((sequence, amount))
+    if not parsed:
+        raise ConfigError(f"{owner}: no TOKENS:BIAS items given, e.g. '5 6:-2 | 9:1.5'")
+    return tuple(parsed)
+
+
+def parse_texts(text: str, owner: str) -> tuple[str, ...]:
+    """``"\\n|:"`` (backslash escapes decoded) or ``["\\n", ":"]`` -> ("\n", ":"); empty texts are dropped."""
+    stripped = text.strip()
+    if stripped.startswith("["):
+        value = _structured(stripped, owner)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{owner}: {text!r} must be a list of strings")
+        return tuple(v for v in value if v)
+    parts = re.split(r"(?<!\\)\|", text)
+    return tuple(
+        decoded
+        for decoded in (
+            part.replace("\\|", "|").encode("latin-1", "backslashreplace").decode("unicode_escape") for part in parts
+        )
+        if decoded
+    )

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from decoctl import ConfigError, ControllerSpec, Option, ProcessorSpec
-from decoctl_logits_chain import penalties, terminal, warpers
-from decoctl_logits_chain._parse import parse_bias, parse_sequences, parse_tokens
+from decoctl_logits_chain import biases, dry, numeric, penalties, samplers, terminal, warpers
+from decoctl_logits_chain._parse import parse_bias, parse_sequence_bias, parse_sequences, parse_texts, parse_tokens
 from decoctl_logits_chain.controller import ChainController
 
 __all__ = ["controller_specs", "processor_specs"]
@@ -185,6 +185,86 @@ def processor_specs() -> tuple[ProcessorSpec, ...]:
             Option(name="regex", type="str", default="", help="a regular expression the output must match"),
             Option(name="json_schema", type="str", default="", help="a JSON schema (JSON text) the output must match"),
             Option(name="lark", type="str", default="", help="a Lark grammar the output must match"),
+        ),
+        _spec(
+            "top_h",
+            "top-H: keep the most probable tokens while their entropy stays within top_h of the whole (of the top 100)",
+            lambda o: samplers.TopH(o["top_h"]),
+            Option(name="top_h", type="float", default=0.4, help="> 0 and <= 1: the fraction of the entropy kept"),
+        ),
+        _spec(
+            "top_n_sigma",
+            "keep logits within n standard deviations of the largest (top-n-sigma, llama.cpp)",
+            lambda o: samplers.TopNSigma(o["n"]),
+            Option(name="n", type="float", default=1.0, minimum=0.0, help="standard deviations below the maximum"),
+        ),
+        _spec(
+            "dynamic_temperature",
+            "temperature scaled by the row's entropy within temperature +- delta (llama.cpp's dynatemp)",
+            lambda o: samplers.DynamicTemperature(o["temperature"], o["delta"], o["exponent"]),
+            Option(name="temperature", type="float", default=1.0, help="the middle temperature, > 0"),
+            Option(name="delta", type="float", default=0.5, minimum=0.0, help="range either side, below temperature"),
+            Option(name="exponent", type="float", default=1.0, help="> 0: how the normalised entropy is curved"),
+        ),
+        _spec(
+            "xtc",
+            "exclude top choices: sometimes drop every token above a threshold but the least likely (llama.cpp)",
+            lambda o: samplers.ExcludeTopChoices(o["probability"], o["threshold"], o["min_tokens_to_keep"]),
+            Option(name="probability", type="float", default=0.5, help="how often XTC acts, 0 to 1"),
+            Option(name="threshold", type="float", default=0.1, help="> 0 and <= 0.5: what counts as a top choice"),
+            KEEP,
+        ),
+        _spec(
+            "dry",
+            "penalise tokens that would extend a repetition, by base^(length - allowed_length) (DRY, llama.cpp)",
+            lambda o: dry.Dry(
+                o["multiplier"],
+                o["base"],
+                o["allowed_length"],
+                o["window"],
+                parse_texts(o["breakers"], "dry") if o["breakers"] else (),
+                parse_tokens(o["breaker_ids"], "dry") if o["breaker_ids"] else (),
+            ),
+            Option(name="multiplier", type="float", default=0.8, minimum=0.0, help="the penalty's scale; 0 is off"),
+            Option(name="base", type="float", default=1.75, help="> 1: growth per token beyond allowed_length"),
+            Option(name="allowed_length", type="int", default=2, minimum=1, help="repetitions this long go free"),
+            Option(name="window", type="int", default=0, minimum=0, help="search the last this-many tokens; 0: all"),
+            Option(
+                name="breakers",
+                type="str",
+                default='\\n|:|"|*',
+                help="texts that end a repetition, '|'-separated (every token containing one breaks it)",
+            ),
+            Option(name="breaker_ids", type="str", default="", help="token ids that end a repetition"),
+        ),
+        _spec(
+            "sequence_bias",
+            "add a bias to the last token of a sequence where the prefix ends with the rest of it",
+            lambda o: biases.SequenceBias(
+                parse_sequence_bias(
+                    _required("sequence_bias", "biases", o["biases"], "sequence_bias='5 6:-2 | 9:1.5'"), "sequence_bias"
+                )
+            ),
+            Option(name="biases", type="str", help="TOKENS:BIAS items separated by '|', or transformers' JSON form"),
+        ),
+        _spec(
+            "suppress_tokens_at_begin",
+            "never produce the given tokens as the first generated token",
+            lambda o: biases.SuppressTokensAtBegin(
+                parse_tokens(
+                    _required("suppress_tokens_at_begin", "tokens", o["tokens"], "suppress_tokens_at_begin='13 42'"),
+                    "suppress_tokens_at_begin",
+                ),
+                o["at"],
+            ),
+            Option(name="tokens", type="str", help="token ids separated by spaces, or a JSON list"),
+            Option(name="at", type="int", default=0, minimum=0, help="the generated position they are suppressed at"),
+        ),
+        _spec("normalize", "replace logits by log-probabilities (log-softmax)", lambda o: numeric.Normalize()),
+        _spec(
+            "remove_invalid",
+            "NaN to 0 and infinities to the largest finite float32 values",
+            lambda o: numeric.RemoveInvalid(),
         ),
         _spec("greedy", "terminal: keep only the argmax (decode greedily)", lambda o: terminal.GreedyTerminal()),
         _spec("sample", "terminal: draw from the processed distribution", lambda o: terminal.SampleTerminal()),

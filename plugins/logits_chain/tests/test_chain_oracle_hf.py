@@ -28,6 +28,12 @@ def _bad_words(context: ProcessContext) -> tuple[Any, Any]:
     return [{"name": "bad_words", "sequences": str(sequences)}], hf.NoBadWordsLogitsProcessor(sequences, list(EOS))
 
 
+def _sequence_bias(context: ProcessContext) -> tuple[Any, Any]:
+    last = context.prefix(1)  # sequences that row 1's prefix ends with, one-token ones, and one that matches nothing
+    biases = [[[int(last[-1]), 9], -2.0], [[int(last[-2]), int(last[-1]), 11], 3.5], [[4], 1.5], [[7, 8, 60], -4.0]]
+    return [{"name": "sequence_bias", "biases": str(biases)}], hf.SequenceBiasLogitsProcessor(biases)
+
+
 CASES: dict[str, Case] = {
     "temperature": lambda c: ("temperature=0.7", hf.TemperatureLogitsWarper(0.7)),
     "temperature-hot": lambda c: ("temperature=1.6", hf.TemperatureLogitsWarper(1.6)),
@@ -78,6 +84,19 @@ CASES: dict[str, Case] = {
     ),
     "bad_words": _bad_words,
     "suppress_tokens": lambda c: ("suppress_tokens=3 7 1", hf.SuppressTokensLogitsProcessor([3, 7, 1])),
+    "top_h": lambda c: ("top_h=0.4", hf.TopHLogitsWarper(0.4)),
+    "top_h-wide": lambda c: ("top_h=0.9", hf.TopHLogitsWarper(0.9)),
+    "sequence_bias": lambda c: _sequence_bias(c),
+    "suppress_tokens_at_begin": lambda c: (
+        "suppress_tokens_at_begin=3 7 1",
+        hf.SuppressTokensAtBeginLogitsProcessor([3, 7, 1], len(c.prompt)),
+    ),
+    "suppress_tokens_at_begin-later": lambda c: (
+        [{"name": "suppress_tokens_at_begin", "tokens": "3 7 1", "at": len(c.output) + 1}],
+        hf.SuppressTokensAtBeginLogitsProcessor([3, 7, 1], len(c.prompt) + len(c.output) + 1),
+    ),
+    "normalize": lambda c: ("normalize", hf.LogitNormalization()),
+    "remove_invalid": lambda c: ("remove_invalid", hf.InfNanRemoveLogitsProcessor()),
     "exponential_decay_length_penalty": lambda c: (
         [{"name": "exponential_decay_length_penalty", "start": 3, "factor": 1.3}],
         hf.ExponentialDecayLengthPenalty((3, 1.3), list(EOS), len(c.prompt)),
@@ -106,7 +125,9 @@ def test_processor_equals_transformers(case: str, seed: int, masked: bool, vocab
 
 
 def test_the_oracle_cases_cover_every_processor_transformers_has(registry: Any) -> None:
-    """presence/frequency penalties, grammar and the terminals have no transformers counterpart."""
+    """presence/frequency penalties, grammar, the terminals and llama.cpp's samplers have no transformers
+    counterpart."""
     covered = {name.split("-")[0].replace("_", "-") for name in CASES}
     without = {"presence-penalty", "frequency-penalty", "grammar", "greedy", "sample"}
+    without |= {"dry", "xtc", "top-n-sigma", "dynamic-temperature"}  # llama.cpp's: tested in test_chain_samplers
     assert covered | without == set(registry.processors())
