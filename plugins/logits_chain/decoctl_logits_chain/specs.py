@@ -34,6 +34,11 @@ def _required(name: str, option: str, value: Any, example: str) -> Any:
     return value
 
 
+def _parsed(options: dict[str, Any], name: str, option: str, parse: Callable[[str, str], Any], example: str) -> Any:
+    """The processor's required ``option``, parsed; a missing one raises with ``example`` (a value of it)."""
+    return parse(_required(name, option, options[option], f"{name}='{example}'"), name)
+
+
 def _grammar(options: dict[str, Any]) -> Any:
     from decoctl_logits_chain.grammar import KINDS, Grammar  # llguidance is an optional extra
 
@@ -148,27 +153,19 @@ def processor_specs() -> tuple[ProcessorSpec, ...]:
         _spec(
             "logit_bias",
             "add a fixed bias to given tokens",
-            lambda o: penalties.LogitBias(
-                parse_bias(_required("logit_bias", "biases", o["biases"], "logit_bias='13:-5 42:2.5'"), "logit_bias")
-            ),
+            lambda o: penalties.LogitBias(_parsed(o, "logit_bias", "biases", parse_bias, "13:-5 42:2.5")),
             Option(name="biases", type="str", help="TOKEN:BIAS pairs separated by spaces, or a JSON object"),
         ),
         _spec(
             "bad_words",
             "never complete a banned token sequence",
-            lambda o: penalties.BadWords(
-                parse_sequences(
-                    _required("bad_words", "sequences", o["sequences"], "bad_words='5 6 7 | 9'"), "bad_words"
-                )
-            ),
+            lambda o: penalties.BadWords(_parsed(o, "bad_words", "sequences", parse_sequences, "5 6 7 | 9")),
             Option(name="sequences", type="str", help="token sequences separated by '|', or a JSON list of lists"),
         ),
         _spec(
             "suppress_tokens",
             "never produce the given tokens",
-            lambda o: penalties.SuppressTokens(
-                parse_tokens(_required("suppress_tokens", "tokens", o["tokens"], "suppress_tokens='13 42'"), "suppress")
-            ),
+            lambda o: penalties.SuppressTokens(_parsed(o, "suppress_tokens", "tokens", parse_tokens, "13 42")),
             Option(name="tokens", type="str", help="token ids separated by spaces, or a JSON list"),
         ),
         _spec(
@@ -240,22 +237,14 @@ def processor_specs() -> tuple[ProcessorSpec, ...]:
         _spec(
             "sequence_bias",
             "add a bias to the last token of a sequence where the prefix ends with the rest of it",
-            lambda o: biases.SequenceBias(
-                parse_sequence_bias(
-                    _required("sequence_bias", "biases", o["biases"], "sequence_bias='5 6:-2 | 9:1.5'"), "sequence_bias"
-                )
-            ),
+            lambda o: biases.SequenceBias(_parsed(o, "sequence_bias", "biases", parse_sequence_bias, "5 6:-2 | 9:1.5")),
             Option(name="biases", type="str", help="TOKENS:BIAS items separated by '|', or transformers' JSON form"),
         ),
         _spec(
             "suppress_tokens_at_begin",
             "never produce the given tokens as the first generated token",
             lambda o: biases.SuppressTokensAtBegin(
-                parse_tokens(
-                    _required("suppress_tokens_at_begin", "tokens", o["tokens"], "suppress_tokens_at_begin='13 42'"),
-                    "suppress_tokens_at_begin",
-                ),
-                o["at"],
+                _parsed(o, "suppress_tokens_at_begin", "tokens", parse_tokens, "13 42"), o["at"]
             ),
             Option(name="tokens", type="str", help="token ids separated by spaces, or a JSON list"),
             Option(name="at", type="int", default=0, minimum=0, help="the generated position they are suppressed at"),
