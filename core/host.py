@@ -29,6 +29,8 @@ from decoctl.processing import ProcessContext, ProcessorChain
 
 __all__ = ["Host", "Sequence", "SequenceStats", "debug_default"]
 
+#: the paths of a single row at the next position (no drafted tokens before it), shared by every such context
+_NEXT_ONLY: tuple[tuple[int, ...], ...] = ((),)
 TREE_TRANSFORM_HINT = "run `decoctl models enable-tree SRC DST` to add position_ids and attention_bias inputs"
 
 
@@ -400,6 +402,9 @@ class Host:
         self._output = output
         self._prompt = prompt
         self._chain = chain or ProcessorChain()
+        # what every processing context carries, looked up once rather than at every step
+        self._eos_token_ids = frozenset(output.rules.eos_token_ids)
+        self._tokenizer = self._roles["target"].model.tokenizer
         self.rng = np.random.default_rng(seed)
         self.prefill_chunk: int | None = None
         #: what the controller did, for the stats' execution trace: drafters, modes, and under "degraded"
@@ -493,7 +498,9 @@ class Host:
         return self._chain.argmax(rows, self._process_context(len(rows), drafted, paths))
 
     def _process_context(self, n: int, drafted: Seq[int] | None, paths: Seq[Seq[int]] | None) -> ProcessContext:
-        if paths is None:
+        if paths is None and drafted is None and n == 1:
+            paths = _NEXT_ONLY  # one row at the next position: what every greedy or sampling step asks
+        elif paths is None:
             drafted = () if drafted is None else [int(t) for t in drafted]
             if n > len(drafted) + 1:
                 raise SequenceError(
@@ -503,9 +510,5 @@ class Host:
         elif len(paths) != n:
             raise SequenceError(f"process() got {n} rows and {len(paths)} paths: give one path per row")
         return ProcessContext(
-            self._prompt,
-            self._output.ids,
-            paths,
-            eos_token_ids=self._output.rules.eos_token_ids,
-            tokenizer=self.target.model.tokenizer,
+            self._prompt, self._output.ids, paths, eos_token_ids=self._eos_token_ids, tokenizer=self._tokenizer
         )

@@ -40,6 +40,7 @@ class Output:
         self.tokens: list[int] = []
         self.stop_reason: str | None = None
         self._ids = np.empty(64, np.int64)  # the same tokens as an array that grows by doubling
+        self._read_only = self._read_only_view()
         self._detokenizer = detokenizer
         self._sink = sink
         self._text = ""
@@ -71,7 +72,10 @@ class Output:
     @property
     def ids(self) -> np.ndarray:
         """int64[len(tokens)]: the committed tokens as an array (a read-only view, valid until the next commit)."""
-        view = self._ids[: len(self.tokens)]
+        return self._read_only[: len(self.tokens)]  # a slice of a read-only view is read-only: one numpy call
+
+    def _read_only_view(self) -> np.ndarray:
+        view = self._ids[:]
         view.flags.writeable = False
         return view
 
@@ -124,6 +128,7 @@ class Output:
             grown = np.empty(max(end, 2 * self._ids.size), np.int64)
             grown[: end - len(taken)] = self._ids[: end - len(taken)]
             self._ids = grown
+            self._read_only = self._read_only_view()
         for at, token in enumerate(taken, end - len(taken)):  # a few tokens: scalar stores beat a list conversion
             self._ids[at] = token
 

@@ -7,7 +7,7 @@ distribution plain decoding would have seen at that position.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -38,14 +38,17 @@ class ProcessContext:
         self.prompt = prompt
         self.output = output
         self.paths = paths
-        self.eos_token_ids = frozenset(eos_token_ids)
+        # a frozenset is taken as it is: the host builds a context every step
+        self.eos_token_ids = eos_token_ids if type(eos_token_ids) is frozenset else frozenset(eos_token_ids)
         self.tokenizer = tokenizer
-        self._prefixes: dict[int, np.ndarray] = {}
-        self._generated: dict[int, np.ndarray] = {}
+        self._prefixes: dict[int, np.ndarray] | None = None  # built on first use: most calls never ask
+        self._generated: dict[int, np.ndarray] | None = None
 
     def prefix(self, row: int) -> np.ndarray:
         """int64[p + m + len(paths[row])]: every token before row ``row``'s position. Built once per row and
         shared by every processor of the call: read it, never write to it."""
+        if self._prefixes is None:
+            self._prefixes = {}
         found = self._prefixes.get(row)
         if found is None:
             found = self._prefixes[row] = np.concatenate((self.prompt, self.generated(row)))
@@ -54,6 +57,8 @@ class ProcessContext:
     def generated(self, row: int) -> np.ndarray:
         """int64[m + len(paths[row])]: the tokens generated before row ``row`` (committed output, then that row's
         drafted path). Shared like ``prefix``: read-only."""
+        if self._generated is None:
+            self._generated = {}
         found = self._generated.get(row)
         if found is None:
             path = self.paths[row]
@@ -84,7 +89,17 @@ class LogitsProcessor(Protocol):
     processor when that token provably stays the row's only maximum (temperature: both divided; top_k, top_p,
     min_p: unchanged, they keep the top token as it is and only lower others), or None when it cannot promise
     that. A chain whose caller needs only the argmax (``ProcessorChain.argmax``) skips the trailing processors
-    that promise it, the way greedy decoding in transformers never runs its sampling warpers."""
+    that promise it, the way greedy decoding in transformers never runs its sampling warpers.
+
+    Optionally, ``bound_argmax_at(context, row, token, top, second)`` does the same for a processor whose effect
+    depends on the row and its prefix: given that row ``row``'s largest logit ``top`` is held by ``token`` alone
+    and its other logits are all <= ``second``, it returns ``(top', second')`` where ``top'`` is exactly the
+    logit the processor gives ``token`` (float32 arithmetic) and every other logit after it is <= ``second'``,
+    or None when it cannot say so without processing the row (a penalty that may raise a logit, a drafted path,
+    a masked ``token``). A chain whose every step before its bound_argmax suffix has it finds the argmax from the
+    unprocessed rows: no copy, no pass over the vocabulary (penalties that only lower logits rarely move the
+    argmax: when they do, or when a step says None, the chain runs as usual). Bounds may be numpy float32 or
+    Python floats holding float32 values."""
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray: ...
 
@@ -127,19 +142,33 @@ class ProcessorChain:
     def __init__(self, processors: Sequence[LogitsProcessor] = ()) -> None:
         self.processors = tuple(processors)
         self.steps = fuse(self.processors)
-        #: where the trailing steps that declare bound_argmax begin (argmax may skip them)
-        self._bounded_from = len(self.steps)
-        while self._bounded_from and getattr(self.steps[self._bounded_from - 1], "bound_argmax", None) is not None:
-            self._bounded_from -= 1
+
+    @property
+    def steps(self) -> tuple[Any, ...]:
+        return self._steps
+
+    @steps.setter
+    def steps(self, steps: Sequence[Any]) -> None:
+        self._steps = tuple(steps)
+        #: the trailing steps that declare bound_argmax (argmax may skip them) and the steps before them
+        cut = len(self._steps)
+        while cut and getattr(self._steps[cut - 1], "bound_argmax", None) is not None:
+            cut -= 1
+        self._head, self._tail = self._steps[:cut], self._steps[cut:]
+        self._bounds = tuple(step.bound_argmax for step in self._tail)  # read once: a property may build them
+        head_bounds = [getattr(step, "bound_argmax_at", None) for step in self._head]
+        self._head_bounds: tuple[Callable[..., Any], ...] | None = (
+            None if None in head_bounds else tuple(bound for bound in head_bounds if bound is not None)
+        )
 
     def __bool__(self) -> bool:
         return bool(self.processors)
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
-        if not self.steps:
+        if not self._steps:
             return rows
-        out = np.array(rows, dtype=np.float32, copy=True)
-        for step in self.steps:
+        out = rows.astype(np.float32)  # a private copy: steps write in place
+        for step in self._steps:
             out = step(out, context)
         return out
 
@@ -150,27 +179,56 @@ class ProcessorChain:
         steps before them is a unique maximum that each of them promises to keep (their bounds are checked in
         float32, the arithmetic they use); otherwise they run as usual.
         """
-        cut = self._bounded_from
-        out = np.array(rows, dtype=np.float32, copy=True) if self.steps else rows
-        for step in self.steps[:cut]:
+        if not self._steps:
+            return rows.argmax(axis=1)
+        if self._head_bounds is not None:
+            choices = rows.argmax(axis=1)
+            if all(self._keeps_unprocessed(rows, i, int(choices[i]), context) for i in range(len(choices))):
+                return choices
+        out = rows.astype(np.float32)
+        for step in self._head:
             out = step(out, context)
         choices = out.argmax(axis=1)
-        kept = (self._keeps(row, int(choice), cut) for row, choice in zip(out, choices, strict=True))
-        if cut == len(self.steps) or all(kept):
+        if not self._tail or all(self._keeps(out[i], int(choices[i])) for i in range(len(choices))):
             return choices
-        for step in self.steps[cut:]:
+        for step in self._tail:
             out = step(out, context)
         return out.argmax(axis=1)
 
-    def _keeps(self, row: np.ndarray, choice: int, cut: int) -> bool:
-        """Whether ``row``'s maximum at ``choice`` is unique and every step from ``cut`` on promises to keep it."""
+    def _keeps_unprocessed(self, rows: np.ndarray, index: int, choice: int, context: ProcessContext) -> bool:
+        """Whether the unprocessed row ``index``'s maximum at ``choice`` is unique and stays the maximum through
+        every step: the head's ``bound_argmax_at`` with this row's context, then the tail's ``bound_argmax``."""
+        row = rows[index]
+        top = float(row[choice])
+        if not -np.inf < top < np.inf:
+            return False  # a masked, infinite or NaN maximum: let the steps decide
+        # the largest of the others in two reductions, leaving the caller's rows as they are
+        second = float(max(row[:choice].max(initial=-np.inf), row[choice + 1 :].max(initial=-np.inf)))
+        bounds: tuple[Any, Any] | None = (top, second)
+        for bound_at in self._head_bounds or ():
+            if bounds is None or not bounds[1] < bounds[0]:
+                return False
+            bounds = bound_at(context, index, choice, *bounds)
+        for bound in self._bounds:
+            if bounds is None or not bounds[1] < bounds[0]:
+                return False
+            bounds = bound(*bounds)
+        return bounds is not None and bounds[1] < bounds[0]
+
+    def _keeps(self, row: np.ndarray, choice: int) -> bool:
+        """Whether ``row``'s maximum at ``choice`` is unique and every trailing step promises to keep it."""
         top = row[choice]
         if top == -np.inf:
             return False  # a fully masked row: let the steps decide what it becomes
         row[choice] = -np.inf
         second = row.max()
         row[choice] = top
-        return bound_through(self.steps[cut:], top, second) is not None
+        bounds: tuple[Any, Any] | None = (top, second)
+        for bound in self._bounds:
+            if bounds is None or not bounds[1] < bounds[0]:
+                return False
+            bounds = bound(*bounds)
+        return bounds is not None and bounds[1] < bounds[0]
 
     def commit(self, tokens: Sequence[int]) -> None:
         for processor in self.processors:

@@ -67,26 +67,58 @@ def fast_path(model: str, rounds: int) -> None:
 
 
 def chain(model: str, processors: str, rounds: int) -> None:
+    """Per token inside the generation loop: each chain step as run, and the host's part around them (building
+    the processing context, the argmax check, the commit), beside the same host calls in plain greedy."""
+    from decoctl.host import Host
+    from decoctl.processing import ProcessorChain
+
+    def wrap(owner: type, attribute: str, name: str, spent: dict[str, float]) -> Callable[[], None]:
+        call = owner.__dict__[attribute]
+
+        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+            started = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
+
+        setattr(owner, attribute, timed)
+        return lambda: setattr(owner, attribute, call)
+
+    def host_calls(spent: dict[str, float]) -> list[Callable[[], None]]:
+        return [
+            wrap(Host, "argmax", "host.argmax (all of it)", spent),
+            wrap(Host, "commit", "host.commit (all of it)", spent),
+            wrap(Host, "_process_context", "  processing context", spent),
+            wrap(ProcessorChain, "_keeps", "  argmax check", spent),
+        ]
+
+    def run(generator: Generator, spent: dict[str, float]) -> int:
+        undo = host_calls(spent)
+        try:
+            return sum(generator.generate(PROMPT, max_new_tokens=128).stats.new_tokens for _ in range(rounds))
+        finally:
+            for restore in undo:
+                restore()
+
+    plain = Generator({"target": model}, "greedy", threads=1)
     generator = Generator({"target": model}, "greedy", processors=processors, threads=1)
-    spent: dict[str, float] = {}
+    steps: dict[str, float] = {}
     for processor in generator.chain.steps:  # as run: fused neighbours (a CandidateRun) time as one
-        name, call = type(processor).__name__, type(processor).__call__
+        name = type(processor).__name__
         if hasattr(processor, "steps"):
             name += f"({', '.join(type(step).__name__ for step in processor.steps)})"
-
-        def timed(self, rows, context, _call=call, _name=name):  # type: ignore[no-untyped-def]
-            started = time.perf_counter()
-            result = _call(self, rows, context)
-            spent[_name] = spent.get(_name, 0.0) + time.perf_counter() - started
-            return result
-
-        type(processor).__call__ = timed  # type: ignore[method-assign]
-    tokens = 0
-    for _ in range(rounds):
-        tokens += generator.generate(PROMPT, max_new_tokens=128).stats.new_tokens
-    for name, seconds in spent.items():
+        undo = wrap(type(processor), "__call__", "  " + name, steps)
+        del undo
+    greedy_spent: dict[str, float] = {}
+    greedy_tokens = run(plain, greedy_spent)
+    spent: dict[str, float] = {}
+    tokens = run(generator, spent)
+    for name, seconds in {**spent, **steps}.items():
         print(f"{name}: {seconds / tokens * 1e6:.1f} us a token inside the generation loop")
-    print(f"all steps: {sum(spent.values()) / tokens * 1e6:.1f} us a token")
+    print(f"all steps: {sum(steps.values()) / tokens * 1e6:.1f} us a token")
+    for name, seconds in greedy_spent.items():
+        print(f"plain greedy {name.strip()}: {seconds / greedy_tokens * 1e6:.1f} us a token")
 
 
 def layers(model: str, rounds: int) -> None:

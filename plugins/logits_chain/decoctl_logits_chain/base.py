@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from decoctl import ConfigError, ProcessContext
 
-__all__ = ["NEG_INF", "Processor", "check_vocab", "kth_largest", "log_normaliser", "log_softmax"]
+__all__ = ["NEG_INF", "Processor", "check_vocab", "f32", "kth_largest", "log_normaliser", "log_softmax"]
 
 NEG_INF = np.float32(-np.inf)
+_FLOAT32 = struct.Struct("f")
+
+
+def f32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (ties to even; beyond the largest float32, an infinity), as a
+    Python float. One of +, -, *, / on two float32 values done in a double and then rounded by this gives exactly
+    the float32 operation's result (a double has more than 2 * 24 + 2 bits, so the double rounding is harmless):
+    how the argmax bounds do numpy's float32 arithmetic on single values without numpy's scalar calls."""
+    try:
+        return float(_FLOAT32.unpack(_FLOAT32.pack(value))[0])
+    except OverflowError:
+        return float("inf") if value > 0 else float("-inf")
 
 
 class Processor:

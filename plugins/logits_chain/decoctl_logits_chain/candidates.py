@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import numpy as np
 
 from decoctl import ProcessContext
-from decoctl.processing import bound_through
 from decoctl_logits_chain.base import NEG_INF, Processor
 
 __all__ = ["CandidateRun", "Narrowing", "finite_candidates", "select_top", "sort_candidates", "through_ties"]
@@ -92,12 +92,26 @@ class Narrowing(Processor):
         return CandidateRun((self, following))
 
 
+def _through(bounds: tuple[Callable[..., Any], ...], top: Any, second: Any) -> tuple[Any, Any] | None:
+    """``bound_through`` over the steps' bound_argmax methods, looked up once when the run is built."""
+    for bound in bounds:
+        found = bound(top, second)
+        if found is None:
+            return None
+        top, second = found
+        if not second < top:
+            return None
+    return top, second
+
+
 class CandidateRun(Processor):
     """``steps`` (Narrowing processors, a terminal only last) applied to each row's candidates in one pass."""
 
     def __init__(self, steps: tuple[Narrowing, ...]) -> None:
         self.steps = steps
         self.terminal = steps[-1].terminal
+        bounds = tuple(getattr(step, "bound_argmax", None) for step in steps)
+        self._bound = None if None in bounds else partial(_through, bounds)
 
     def fuse(self, following: object) -> CandidateRun | None:
         if self.terminal or not isinstance(following, Narrowing):
@@ -119,9 +133,7 @@ class CandidateRun(Processor):
     @property
     def bound_argmax(self) -> Callable[[np.float32, np.float32], tuple[np.float32, np.float32] | None] | None:
         """Its steps' bounds in turn, when every step has them (``LogitsProcessor.bound_argmax``)."""
-        if all(getattr(step, "bound_argmax", None) is not None for step in self.steps):
-            return partial(bound_through, self.steps)
-        return None
+        return self._bound
 
     def __repr__(self) -> str:
         return f"CandidateRun({', '.join(type(step).__name__ for step in self.steps)})"

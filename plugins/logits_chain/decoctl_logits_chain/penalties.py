@@ -6,17 +6,24 @@ over rows and prefix tokens, never over the vocabulary. Prefix tokens are ids be
 checks every token it feeds), so they index rows directly. The penalties and no_repeat_ngram keep their counts
 up to date through ``reset``/``commit`` (decoctl_logits_chain.history) and recount only for a context they did
 not follow.
+
+Neighbouring processors of this module that depend only on the prefix (the three penalties, no_repeat_ngram,
+min_new_tokens, min_length) fuse into a ``PrefixRun``: when no row has a drafted path (greedy decoding, a
+sampler's step) it gathers the logits of every token the penalties touch once, applies each member's update to
+them in the configured order, and scatters them back: a handful of numpy calls a step where the members one by
+one take several each. Every other call runs the members one by one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from decoctl import ProcessContext
-from decoctl_logits_chain.base import NEG_INF, Processor, check_vocab
-from decoctl_logits_chain.history import NGramTable, TokenTally
+from decoctl_logits_chain.base import NEG_INF, Processor, check_vocab, f32
+from decoctl_logits_chain.history import JointTally, NGramTable, TokenTally
 
 __all__ = [
     "BadWords",
@@ -26,6 +33,7 @@ __all__ = [
     "MinLength",
     "MinNewTokens",
     "NoRepeatNGram",
+    "PrefixRun",
     "PresencePenalty",
     "RepetitionPenalty",
     "SuppressTokens",
@@ -43,28 +51,72 @@ def _mask_eos_where(rows: np.ndarray, context: ProcessContext, short: list[int])
     return rows
 
 
-class _Recording(Processor):
-    """A processor whose ``record`` (decoctl_logits_chain.history) follows the generation through reset/commit."""
+class _Prefixed(Processor):
+    """A processor that depends only on the prefix and so joins its ``_Prefixed`` neighbours in a PrefixRun.
 
-    record: TokenTally | NGramTable
+    ``record`` (decoctl_logits_chain.history, or None) follows the generation through reset/commit. A tallied
+    penalty has ``tallied``, its ``(kind, amount, include_prompt)`` for a JointTally; any other member has
+    ``masked(context)``, the tokens it sets to -inf when no row has a drafted path and its record (if any)
+    follows the context, and ``holds_back(context, row, token)``, whether it sets ``token`` to -inf in a row.
+    """
+
+    record: TokenTally | NGramTable | None = None
+    tallied: tuple[str, np.float32, bool] | None = None
 
     def reset(self, prompt: np.ndarray) -> None:
-        self.record.reset(prompt)
+        if self.record is not None:
+            self.record.reset(prompt)
 
     def commit(self, tokens: Sequence[int]) -> None:
-        self.record.commit(tokens)
+        if self.record is not None:
+            self.record.commit(tokens)
+
+    def masked(self, context: ProcessContext) -> Sequence[int]:
+        raise NotImplementedError
+
+    def holds_back(self, context: ProcessContext, row: int, token: int) -> bool:
+        """Whether a masking member sets ``token`` to -inf in row ``row`` (its record, if any, follows)."""
+        raise NotImplementedError
+
+    def bound_argmax_at(
+        self, context: ProcessContext, row: int, token: int, top: float, second: float
+    ) -> tuple[float, float] | None:
+        """``LogitsProcessor.bound_argmax_at``: what this processor does to ``token``'s logit, computed on that one
+        value, when the processor only ever lowers logits (so ``second`` still bounds the others)."""
+        raise NotImplementedError
+
+    def fuse(self, following: object) -> PrefixRun | None:
+        return PrefixRun((self, following)) if isinstance(following, _Prefixed) else None
 
 
-class _Tallied(_Recording):
+class _Tallied(_Prefixed):
     """A penalty over the distinct tokens before each row (with their counts), kept in a TokenTally."""
 
     def __init__(self, include_prompt: bool) -> None:
         self.include_prompt = include_prompt
         self.record = self.tally = TokenTally(include_prompt)
 
+    #: whether the penalty never raises a logit (a factor >= 1, an amount >= 0): what its argmax bound needs
+    lowers_only = False
+
+    def lower(self, value: float, count: int) -> float:
+        """float32[] -> float32[]: the penalty applied to one logit ``value`` of a token seen ``count`` > 0 times,
+        with the arithmetic the rows get (``f32``)."""
+        raise NotImplementedError
+
+    def bound_argmax_at(
+        self, context: ProcessContext, row: int, token: int, top: float, second: float
+    ) -> tuple[float, float] | None:
+        if not self.lowers_only or not self.tally.follows(context):
+            return None
+        self.tally.catch_up(context)
+        count = self.tally.count(token) + _occurrences(context.paths[row], token)
+        return (self.lower(top, count) if count else top), second
+
     def _seen(self, context: ProcessContext, row: int) -> tuple[np.ndarray, np.ndarray]:
         """(int64[u] the distinct tokens before ``row``, float32[u] how often each occurred)."""
         if self.tally.follows(context):
+            self.tally.catch_up(context)
             return self.tally.with_path(context.paths[row])
         seen = context.prefix(row) if self.include_prompt else context.generated(row)
         ids, counts = np.unique(seen, return_counts=True)
@@ -78,24 +130,48 @@ class RepetitionPenalty(_Tallied):
     def __init__(self, penalty: float, include_prompt: bool = True) -> None:
         super().__init__(include_prompt)
         self.penalty = np.float32(penalty)
+        self.tallied = (JointTally.SCALE, self.penalty, include_prompt)
+        self.lowers_only = bool(self.penalty >= 1)
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         for index, row in enumerate(rows):
             seen, _ = self._seen(context, index)
-            values = row[seen]
-            row[seen] = np.where(values < 0, values * self.penalty, values / self.penalty)
+            row[seen] = _scaled(row[seen], self.penalty)
         return rows
+
+    def lower(self, value: float, count: int) -> float:
+        factor = float(self.penalty)
+        return f32(value * factor) if value < 0 else f32(value / factor)
+
+
+def _occurrences(path: Sequence[int], token: int) -> int:
+    return sum(1 for t in path if t == token) if len(path) else 0
+
+
+def _scaled(values: np.ndarray, factor: np.float32) -> np.ndarray:
+    """The repetition penalty's update: negative logits times ``factor``, the others divided by it (a new array;
+    three numpy calls where np.where takes four)."""
+    scaled = values / factor
+    np.multiply(values, factor, out=scaled, where=values < 0)
+    return scaled
 
 
 class _CountPenalty(_Tallied):
+    kind = JointTally.ONCE
+
     def __init__(self, amount: float, include_prompt: bool = False) -> None:
         super().__init__(include_prompt)
         self.amount = np.float32(amount)
+        self.tallied = (self.kind, self.amount, include_prompt)
+        self.lowers_only = bool(self.amount >= 0)
 
 
 class PresencePenalty(_CountPenalty):
     """logit_t <- logit_t - presence_penalty * [count_t > 0], count_t the occurrences of t among the generated
     tokens (the prompt's too with include_prompt=true). Negative values encourage repetition."""
+
+    def lower(self, value: float, count: int) -> float:
+        return f32(value - float(self.amount))
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         for index, row in enumerate(rows):
@@ -108,6 +184,11 @@ class FrequencyPenalty(_CountPenalty):
     """logit_t <- logit_t - frequency_penalty * count_t, count_t the occurrences of t among the generated tokens
     (the prompt's too with include_prompt=true). Negative values encourage repetition."""
 
+    kind = JointTally.PER_COUNT
+
+    def lower(self, value: float, count: int) -> float:
+        return f32(value - f32(float(self.amount) * count))
+
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         for index, row in enumerate(rows):
             seen, counts = self._seen(context, index)
@@ -115,7 +196,7 @@ class FrequencyPenalty(_CountPenalty):
         return rows
 
 
-class NoRepeatNGram(_Recording):
+class NoRepeatNGram(_Prefixed):
     """With n = ngram_size and the prefix's last n-1 tokens s: logit_t <- -inf for every t such that s + (t,)
     already occurs in the prefix (an n-gram never repeats). n = 1 bans every token seen."""
 
@@ -125,6 +206,8 @@ class NoRepeatNGram(_Recording):
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         follows = self.table.follows(context)
+        if follows:
+            self.table.catch_up(context)
         for index, row in enumerate(rows):
             banned = self.table.banned(context.paths[index]) if follows else self._recount(context, index)
             if len(banned):
@@ -144,8 +227,22 @@ class NoRepeatNGram(_Recording):
             starts = starts[(prefix[starts[:, None] + np.arange(1, k)] == tail[1:]).all(axis=1)]
         return prefix[starts + k]
 
+    def masked(self, context: ProcessContext) -> Sequence[int]:
+        return self.table.banned(())
 
-class MinLength(Processor):
+    def bound_argmax_at(
+        self, context: ProcessContext, row: int, token: int, top: float, second: float
+    ) -> tuple[float, float] | None:
+        if not self.table.follows(context):
+            return None
+        return None if self.holds_back(context, row, token) else (top, second)
+
+    def holds_back(self, context: ProcessContext, row: int, token: int) -> bool:
+        self.table.catch_up(context)
+        return token in self.table.banned(context.paths[row])
+
+
+class MinLength(_Prefixed):
     """logit_eos <- -inf while the whole sequence (prompt + generated) is shorter than min_length."""
 
     def __init__(self, min_length: int) -> None:
@@ -155,8 +252,19 @@ class MinLength(Processor):
         short = [i for i in range(len(rows)) if len(context.prompt) + context.new_tokens(i) < self.min_length]
         return _mask_eos_where(rows, context, short)
 
+    def masked(self, context: ProcessContext) -> Sequence[int]:
+        return context.eos_token_ids if len(context.prompt) + len(context.output) < self.min_length else ()
 
-class MinNewTokens(Processor):
+    def bound_argmax_at(
+        self, context: ProcessContext, row: int, token: int, top: float, second: float
+    ) -> tuple[float, float] | None:
+        return None if self.holds_back(context, row, token) else (top, second)
+
+    def holds_back(self, context: ProcessContext, row: int, token: int) -> bool:
+        return token in context.eos_token_ids and len(context.prompt) + context.new_tokens(row) < self.min_length
+
+
+class MinNewTokens(_Prefixed):
     """logit_eos <- -inf while fewer than min_new_tokens tokens were generated (the prompt does not count)."""
 
     def __init__(self, min_new_tokens: int) -> None:
@@ -165,6 +273,126 @@ class MinNewTokens(Processor):
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         short = [i for i in range(len(rows)) if context.new_tokens(i) < self.min_new_tokens]
         return _mask_eos_where(rows, context, short)
+
+    def masked(self, context: ProcessContext) -> Sequence[int]:
+        return context.eos_token_ids if len(context.output) < self.min_new_tokens else ()
+
+    def bound_argmax_at(
+        self, context: ProcessContext, row: int, token: int, top: float, second: float
+    ) -> tuple[float, float] | None:
+        return None if self.holds_back(context, row, token) else (top, second)
+
+    def holds_back(self, context: ProcessContext, row: int, token: int) -> bool:
+        return token in context.eos_token_ids and context.new_tokens(row) < self.min_new_tokens
+
+
+class PrefixRun(Processor):
+    """``members`` (neighbouring ``_Prefixed`` processors, in the configured order) as one step.
+
+    When no row has a drafted path and every member's record follows the context, the tallied penalties' logits
+    are gathered once (the union of their tokens, from a JointTally) and each member updates them in turn: a
+    repetition penalty scales them (only its own tokens when the union holds others), a presence or frequency
+    penalty subtracts its operand, a masking member sets its tokens to -inf (among the gathered logits when the
+    union holds them, so later members see -inf as they would one by one; directly in the rows otherwise, where
+    no later member touches them); then the logits go back. The arithmetic is each member's own, elementwise,
+    in the same order, so the rows equal the members' one after another. Any other call runs the members one by
+    one.
+    """
+
+    def __init__(self, members: tuple[_Prefixed, ...]) -> None:
+        self.members = members
+        tallied = [m for m in members if isinstance(m, _Tallied)]
+        #: the records the fused paths read: the joint record and the masking members' (the penalties' own
+        #: tallies serve only a call that runs the members one by one, which checks them itself)
+        self._records = tuple(m.record for m in members if m.record is not None and not isinstance(m, _Tallied))
+        self._joint = JointTally([m.tallied for m in tallied if m.tallied is not None])
+        if tallied:
+            # the joint record follows the first penalty's tally; the tallies themselves are read only when a
+            # call runs the members one by one, so they take their tokens in then (a chain folds neighbours in
+            # turn: the run it keeps, built last, is the one that stays the follower)
+            tallied[0].tally.follower = self._joint
+            self._records = (*self._records, self._joint)
+            for member in tallied:
+                member.tally.lazy = True
+        union_has_prompt = any(m.include_prompt for m in tallied)
+        #: per member: ("scale", joint index, factor, whether the union is all its tokens), ("sub", joint index)
+        #: or ("mask", member)
+        self._ops: list[tuple[Any, ...]] = []
+        for member in members:
+            if member.tallied is None:
+                self._ops.append(("mask", member))
+                continue
+            at = len([op for op in self._ops if op[0] != "mask"])
+            kind, amount, include_prompt = member.tallied
+            if kind == JointTally.SCALE:
+                self._ops.append(("scale", at, amount, include_prompt or not union_has_prompt))
+            else:
+                self._ops.append(("sub", at))
+        self._lowers_only = all(member.lowers_only for member in tallied)
+        #: per member, for bound_argmax_at: (member, its index in the joint record or None for a masking member)
+        self._scalar: list[tuple[_Prefixed, int | None]] = []
+        for member in members:
+            self._scalar.append((member, tallied.index(member) if isinstance(member, _Tallied) else None))
+
+    def fuse(self, following: object) -> PrefixRun | None:
+        return PrefixRun((*self.members, following)) if isinstance(following, _Prefixed) else None
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        for path in context.paths:
+            if len(path):
+                return self._one_by_one(rows, context)
+        for record in self._records:
+            if not record.follows(context):
+                return self._one_by_one(rows, context)
+        joint, vocab = self._joint, rows.shape[1]
+        ids = joint.ids  # empty without a tallied member
+        values = rows[:, ids]
+        for op in self._ops:
+            if op[0] == "scale":
+                scaled = _scaled(values, op[2])
+                values = scaled if op[3] else np.where(joint.operand(op[1]), scaled, values)
+            elif op[0] == "sub":
+                values -= joint.operand(op[1])
+            else:
+                for token in op[1].masked(context):
+                    at = joint.position.get(token)
+                    if at is not None:
+                        values[:, at] = NEG_INF
+                    elif token < vocab:  # EOS ids may lie outside the vocabulary
+                        rows[:, token] = NEG_INF
+        if ids.size:
+            rows[:, ids] = values
+        return rows
+
+    def bound_argmax_at(
+        self, context: ProcessContext, row: int, token: int, top: float, second: float
+    ) -> tuple[float, float] | None:
+        """The members' bounds in turn on ``token``'s logit alone, its counts read from the joint record (plus this
+        row's path), when every penalty only lowers logits."""
+        if not self._lowers_only:
+            return None
+        for record in self._records:
+            if not record.follows(context):
+                return None
+        joint, extra = self._joint, _occurrences(context.paths[row], token)
+        value: float | None = top
+        for member, at in self._scalar:
+            if at is None:
+                if member.holds_back(context, row, token):
+                    return None
+            else:
+                count = joint.count(at, token) + extra
+                if count:
+                    value = member.lower(value, count)  # type: ignore[attr-defined,arg-type]
+        return value, second  # type: ignore[return-value]
+
+    def _one_by_one(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        for member in self.members:
+            rows = member(rows, context)
+        return rows
+
+    def __repr__(self) -> str:
+        return f"PrefixRun({', '.join(type(member).__name__ for member in self.members)})"
 
 
 class LogitBias(Processor):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from decoctl import ConfigError, ProcessContext
-from decoctl_logits_chain.base import NEG_INF, kth_largest, log_normaliser, log_softmax
+from decoctl_logits_chain.base import NEG_INF, f32, kth_largest, log_normaliser, log_softmax
 from decoctl_logits_chain.candidates import Narrowing, select_top, sort_candidates, through_ties
 
 __all__ = ["Epsilon", "Eta", "MinP", "Temperature", "TopK", "TopP", "TypicalP"]
@@ -37,9 +37,11 @@ class Temperature(Narrowing):
     def narrow(self, ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return ids, logits / self.temperature
 
-    def bound_argmax(self, top: np.float32, second: np.float32) -> tuple[np.float32, np.float32] | None:
-        """Dividing by T > 0 keeps the order, but rounding can make two close logits equal: checked in float32."""
-        top, second = np.float32(top) / self.temperature, np.float32(second) / self.temperature
+    def bound_argmax(self, top: float, second: float) -> tuple[float, float] | None:
+        """Dividing by T > 0 keeps the order, but rounding can make two close logits equal: checked in float32
+        (``f32``: the float32 quotient without numpy's scalar calls)."""
+        divisor = float(self.temperature)
+        top, second = f32(float(top) / divisor), f32(float(second) / divisor)
         return (top, second) if second < top else None
 
 
