@@ -99,7 +99,10 @@ class LogitsProcessor(Protocol):
     a masked ``token``). A chain whose every step before its bound_argmax suffix has it finds the argmax from the
     unprocessed rows: no copy, no pass over the vocabulary (penalties that only lower logits rarely move the
     argmax: when they do, or when a step says None, the chain runs as usual). Bounds may be numpy float32 or
-    Python floats holding float32 values."""
+    Python floats holding float32 values.
+
+    Optionally, a true ``stateless`` attribute says that ``commit`` and ``reset`` do nothing: the chain does not
+    call them (a commit happens every step, and every call counts there)."""
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray: ...
 
@@ -142,6 +145,7 @@ class ProcessorChain:
     def __init__(self, processors: Sequence[LogitsProcessor] = ()) -> None:
         self.processors = tuple(processors)
         self.steps = fuse(self.processors)
+        self._stateful = tuple(p for p in self.processors if not getattr(p, "stateless", False))
 
     @property
     def steps(self) -> tuple[Any, ...]:
@@ -231,9 +235,9 @@ class ProcessorChain:
         return bounds is not None and bounds[1] < bounds[0]
 
     def commit(self, tokens: Sequence[int]) -> None:
-        for processor in self.processors:
+        for processor in self._stateful:
             processor.commit(tokens)
 
     def reset(self, prompt: np.ndarray) -> None:
-        for processor in self.processors:
+        for processor in self._stateful:
             processor.reset(prompt)

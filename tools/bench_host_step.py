@@ -73,7 +73,9 @@ def chain(model: str, processors: str, rounds: int) -> None:
     from decoctl.processing import ProcessorChain
 
     def wrap(owner: type, attribute: str, name: str, spent: dict[str, float]) -> Callable[[], None]:
-        call = owner.__dict__[attribute]
+        call = owner.__dict__.get(attribute)
+        if call is None:  # an older ProcessorChain without this stage
+            return lambda: None
 
         def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
             started = time.perf_counter()
@@ -90,7 +92,8 @@ def chain(model: str, processors: str, rounds: int) -> None:
             wrap(Host, "argmax", "host.argmax (all of it)", spent),
             wrap(Host, "commit", "host.commit (all of it)", spent),
             wrap(Host, "_process_context", "  processing context", spent),
-            wrap(ProcessorChain, "_keeps", "  argmax check", spent),
+            wrap(ProcessorChain, "_keeps", "  argmax check (processed rows)", spent),
+            wrap(ProcessorChain, "_keeps_unprocessed", "  argmax check (unprocessed rows)", spent),
         ]
 
     def run(generator: Generator, spent: dict[str, float]) -> int:

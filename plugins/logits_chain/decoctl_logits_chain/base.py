@@ -43,6 +43,11 @@ class Processor:
     def reset(self, prompt: np.ndarray) -> None:
         del prompt
 
+    @property
+    def stateless(self) -> bool:
+        """Whether ``commit`` and ``reset`` are this base's (doing nothing): the chain then skips them."""
+        return type(self).commit is Processor.commit and type(self).reset is Processor.reset
+
 
 def log_softmax(rows: np.ndarray) -> np.ndarray:
     """float64[n, vocab]: log softmax of each row; -inf logits give -inf, a fully masked row gives all -inf."""

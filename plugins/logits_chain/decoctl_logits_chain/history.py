@@ -173,7 +173,8 @@ class JointTally(_Followed):
     ``amount`` where it touches the token and +0.0 elsewhere; for PER_COUNT (frequency) float32[u], ``amount *
     count`` rounded to float32 (what the penalty's float32 product gives) where the count is positive and +0.0
     elsewhere. Subtracting +0.0 leaves every float32 as it is (-0.0, infinities and NaN included), so a run
-    subtracts whole operands. Views, valid until the next commit or reset.
+    subtracts whole operands. Views, valid until the next commit or reset. ``counts[i]`` maps each token penalty
+    ``i`` touches to its occurrences (what the argmax bound reads, without numpy).
 
     A fused processor gets no reset or commit of its own: the run makes this record the ``follower`` of one of
     its penalties' tallies, which passes them on. Taking in a token costs a few dict operations and at most one
@@ -193,7 +194,7 @@ class JointTally(_Followed):
         self.position: dict[int, int] = {}
         self._ids = np.empty(size, np.int64)
         self._operands = [np.zeros(size, bool if kind == self.SCALE else np.float32) for kind, _, _ in self.penalties]
-        self._counts: list[dict[int, int]] = [{} for _ in self.penalties]
+        self.counts: list[dict[int, int]] = [{} for _ in self.penalties]  # per penalty: token -> occurrences
         self._slots()
 
     def _slots(self) -> None:
@@ -201,7 +202,7 @@ class JointTally(_Followed):
         value, the first-sight value)."""
         self._touch = [
             (counts, operand, float(amount) if kind == self.PER_COUNT else None, kind == self.SCALE or amount)
-            for counts, operand, (kind, amount, _) in zip(self._counts, self._operands, self.penalties, strict=True)
+            for counts, operand, (kind, amount, _) in zip(self.counts, self._operands, self.penalties, strict=True)
         ]
 
     def _start(self, prompt: list[int]) -> None:
@@ -237,10 +238,6 @@ class JointTally(_Followed):
         self._ids = doubled(self._ids)
         self._operands = [doubled(operand) for operand in self._operands]
         self._slots()
-
-    def count(self, penalty: int, token: int) -> int:
-        """How often ``token`` occurred for penalty ``penalty`` (0: it does not touch the token)."""
-        return self._counts[penalty].get(token, 0)
 
     @property
     def ids(self) -> np.ndarray:

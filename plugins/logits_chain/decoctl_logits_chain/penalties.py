@@ -63,6 +63,10 @@ class _Prefixed(Processor):
     record: TokenTally | NGramTable | None = None
     tallied: tuple[str, np.float32, bool] | None = None
 
+    @property
+    def stateless(self) -> bool:
+        return self.record is None
+
     def reset(self, prompt: np.ndarray) -> None:
         if self.record is not None:
             self.record.reset(prompt)
@@ -374,14 +378,14 @@ class PrefixRun(Processor):
         for record in self._records:
             if not record.follows(context):
                 return None
-        joint, extra = self._joint, _occurrences(context.paths[row], token)
+        counts, extra = self._joint.counts, _occurrences(context.paths[row], token)
         value: float | None = top
         for member, at in self._scalar:
             if at is None:
                 if member.holds_back(context, row, token):
                     return None
             else:
-                count = joint.count(at, token) + extra
+                count = counts[at].get(token, 0) + extra
                 if count:
                     value = member.lower(value, count)  # type: ignore[attr-defined,arg-type]
         return value, second  # type: ignore[return-value]

@@ -295,3 +295,26 @@ def test_eos_held_back_by_row_each_row_counting_its_own_drafted_tokens(build: An
     rows = np.zeros((2, VOCAB), np.float32)
     rows[:, EOS[0]], rows[:, 11] = 5.0, 1.0
     np.testing.assert_array_equal(chain.argmax(rows, context), [11, EOS[0]])
+
+
+def test_commit_and_reset_reach_every_processor_that_keeps_state(build: Any) -> None:
+    from decoctl_logits_chain.base import Processor
+
+    class Counting(Processor):
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+            return rows
+
+        def commit(self, tokens: Any) -> None:
+            self.seen += list(tokens)
+
+    counting = Counting()
+    chain = ProcessorChain((*build("top_k=5,min_new_tokens=2,no_repeat_ngram=2").processors, counting))
+    assert not counting.stateless and chain.processors[0].stateless and chain.processors[1].stateless
+    prompt = np.array([1, 2], np.int64)
+    chain.reset(prompt)
+    chain.commit([3, 4])
+    assert counting.seen == [3, 4]
+    assert chain.processors[2].table.follows(ProcessContext(prompt, np.array([3, 4], np.int64), [[]]))
