@@ -177,8 +177,10 @@ class JointTally(_Followed):
     ``i`` touches to its occurrences (what the argmax bound reads, without numpy).
 
     A fused processor gets no reset or commit of its own: the run makes this record the ``follower`` of one of
-    its penalties' tallies, which passes them on. Taking in a token costs a few dict operations and at most one
-    store per penalty.
+    its penalties' tallies, which passes them on. Taking a token in touches only dicts (``position``, ``counts``)
+    and notes the token; the arrays catch up on the noted tokens when ``ids`` or an operand is next read, a few
+    numpy calls for all of them, so the steps that never read the arrays (an argmax settled from the
+    unprocessed row) pay no numpy call for them at commit.
     """
 
     SCALE, ONCE, PER_COUNT = "scale", "once", "per_count"
@@ -192,18 +194,10 @@ class JointTally(_Followed):
 
     def _allocate(self, size: int) -> None:
         self.position: dict[int, int] = {}
+        self.counts: list[dict[int, int]] = [{} for _ in self.penalties]  # per penalty: token -> occurrences
+        self._noted: dict[int, None] = {}  # tokens taken in since the arrays last caught up (insertion order)
         self._ids = np.empty(size, np.int64)
         self._operands = [np.zeros(size, bool if kind == self.SCALE else np.float32) for kind, _, _ in self.penalties]
-        self.counts: list[dict[int, int]] = [{} for _ in self.penalties]  # per penalty: token -> occurrences
-        self._slots()
-
-    def _slots(self) -> None:
-        """Per penalty, what taking a token in touches: (counts, operand, float amount or None for a first-sight
-        value, the first-sight value)."""
-        self._touch = [
-            (counts, operand, float(amount) if kind == self.PER_COUNT else None, kind == self.SCALE or amount)
-            for counts, operand, (kind, amount, _) in zip(self.counts, self._operands, self.penalties, strict=True)
-        ]
 
     def _start(self, prompt: list[int]) -> None:
         self._allocate(max(64, 2 * len(prompt)))
@@ -214,34 +208,45 @@ class JointTally(_Followed):
         self._take(tokens, self._every)
 
     def _take(self, tokens: list[int], which: Sequence[int]) -> None:
+        position, counts, noted = self.position, self.counts, self._noted
         for token in tokens:
-            at = self.position.get(token)
-            if at is None:
-                at = self.position[token] = len(self.position)
-                if at == self._ids.size:
-                    self._grow()
-                self._ids[at] = token
+            if token not in position:
+                position[token] = len(position)
+            noted[token] = None
             for i in which:
-                counts, operand, per_count, first = self._touch[i]
-                count = counts[token] = counts.get(token, 0) + 1
-                if per_count is not None:
-                    # float32 * float32 is exact in a double (48 bits), so one rounding on the store gives the
-                    # float32 product the penalty computes
-                    operand[at] = per_count * count
-                elif count == 1:
-                    operand[at] = first
+                counts[i][token] = counts[i].get(token, 0) + 1
 
-    def _grow(self) -> None:
-        def doubled(array: np.ndarray) -> np.ndarray:
-            return np.concatenate((array, np.zeros_like(array)))
-
-        self._ids = doubled(self._ids)
-        self._operands = [doubled(operand) for operand in self._operands]
-        self._slots()
+    def _catch_up(self) -> None:
+        """Write the noted tokens' ids and operand values into the arrays (growing them first if needed)."""
+        size = len(self.position)
+        if size > self._ids.size:
+            grown = max(size, 2 * self._ids.size)
+            self._ids = np.concatenate((self._ids, np.empty(grown - self._ids.size, np.int64)))
+            self._operands = [
+                np.concatenate((operand, np.zeros(grown - operand.size, operand.dtype))) for operand in self._operands
+            ]
+        tokens = list(self._noted)
+        self._noted = {}
+        at = [self.position[token] for token in tokens]
+        self._ids[at] = tokens
+        for (kind, amount, _), counts, operand in zip(self.penalties, self.counts, self._operands, strict=True):
+            found = [counts.get(token, 0) for token in tokens]
+            if kind == self.PER_COUNT:
+                # float32 * float32 is exact in a double (48 bits), so the one rounding of the store gives the
+                # float32 product the penalty computes; +0.0 where the count is 0
+                operand[at] = [float(amount) * count if count else 0.0 for count in found]
+            elif kind == self.SCALE:
+                operand[at] = [count > 0 for count in found]
+            else:
+                operand[at] = [amount if count else np.float32(0.0) for count in found]
 
     @property
     def ids(self) -> np.ndarray:
+        if self._noted:
+            self._catch_up()
         return self._ids[: len(self.position)]
 
     def operand(self, penalty: int) -> np.ndarray:
+        if self._noted:
+            self._catch_up()
         return self._operands[penalty][: len(self.position)]
