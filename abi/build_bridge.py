@@ -10,7 +10,8 @@ compiled header. On top of the header the bridge declares:
 - the host's mirror (decoctl_bridge_host, decoctl_bridge_role): C structs core/abi.py keeps up to date, from which
   C functions answer the cheap read-only queries (length, remaining, done, max_length, logits) without entering
   Python, and the function that fills a host table with them and the callbacks;
-- a few C helpers to open a library and find its entry symbol with the platform loader's own error text.
+- a few C helpers to open a library and find its entry symbol with the platform loader's own error text;
+- ``decoctl_bridge_top2``: a row's argmax, maximum and runner-up in one pass (decoctl.native.top2).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ typedef struct decoctl_bridge_host {
 
 void decoctl_bridge_fill_table(decoctl_host *table, decoctl_bridge_host *mirror);
 void decoctl_bridge_serve(decoctl_bridge_host *mirror);
+int64_t decoctl_bridge_top2(const float *row, int64_t n, float *out);
 void *decoctl_bridge_open(const char *path);
 void *decoctl_bridge_symbol(void *library, const char *name);
 void decoctl_bridge_close(void *library);
@@ -80,6 +82,7 @@ const char *decoctl_bridge_loader_error(void);
 """
 
 HELPERS_SOURCE = r"""
+#include <math.h>
 #include <stddef.h>
 
 #include "decoctl.h"
@@ -172,6 +175,40 @@ static int64_t decoctl_bridge_max_length(void *host_data) {
 static int64_t decoctl_bridge_remaining(void *host_data) {
     const decoctl_bridge_host *host = decoctl_bridge_host_of(host_data);
     return host != NULL ? host->remaining : decoctl_py_remaining(host_data);
+}
+
+/* ---- a numeric helper of the Python host ------------------------------------------------------------------
+
+   The first index of the row's maximum, as numpy's argmax gives it (the first NaN when there is one), with the
+   maximum in out[0] and the largest of the other entries in out[1] (-inf for a one-entry row; equal to out[0]
+   when the maximum is tied). One pass over the row: greedy decoding under a logits chain asks this of every
+   unprocessed row (core/processing.py), where numpy needs three calls, each cold right after a forward. */
+int64_t decoctl_bridge_top2(const float *row, int64_t n, float *out) {
+    int64_t best = 0;
+    float top = row[0], second = -INFINITY;
+    if (isnan(top)) {
+        out[0] = top;
+        out[1] = -INFINITY;
+        return 0;
+    }
+    for (int64_t i = 1; i < n; i++) {
+        float value = row[i];
+        if (isnan(value)) {
+            out[0] = value;
+            out[1] = top;
+            return i;
+        }
+        if (value > top) {
+            second = top;
+            top = value;
+            best = i;
+        } else if (value > second) {
+            second = value;
+        }
+    }
+    out[0] = top;
+    out[1] = second;
+    return best;
 }
 
 /* The instance's host table: the mirror as host_data, the C queries above and the extern "Python" rest. */

@@ -12,6 +12,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from decoctl.native import top2
+
 __all__ = ["LogitsProcessor", "ProcessContext", "ProcessorChain", "bound_through", "fuse"]
 
 
@@ -186,9 +188,9 @@ class ProcessorChain:
         if not self._steps:
             return rows.argmax(axis=1)
         if self._head_bounds is not None:
-            choices = rows.argmax(axis=1)
-            if all(self._keeps_unprocessed(rows, i, int(choices[i]), context) for i in range(len(choices))):
-                return choices
+            settled = self._argmax_unprocessed(rows, context)
+            if settled is not None:
+                return settled
         out = rows.astype(np.float32)
         for step in self._head:
             out = step(out, context)
@@ -199,15 +201,32 @@ class ProcessorChain:
             out = step(out, context)
         return out.argmax(axis=1)
 
-    def _keeps_unprocessed(self, rows: np.ndarray, index: int, choice: int, context: ProcessContext) -> bool:
-        """Whether the unprocessed row ``index``'s maximum at ``choice`` is unique and stays the maximum through
-        every step: the head's ``bound_argmax_at`` with this row's context, then the tail's ``bound_argmax``."""
-        row = rows[index]
-        top = float(row[choice])
+    def _argmax_unprocessed(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray | None:
+        """Every row's argmax read from the unprocessed rows, or None as soon as one row needs the steps run.
+
+        A float32 row's maximum and runner-up come from one pass in C (decoctl.native.top2); other rows take
+        numpy's argmax and two reductions. Both leave the caller's rows as they are and give the same numbers."""
+        native = rows.dtype == np.float32 and rows.flags.c_contiguous
+        choices = np.empty(len(rows), np.int64)
+        for index in range(len(rows)):
+            row = rows[index]
+            if native:
+                choice, top, second = top2(row)
+            else:
+                choice = int(row.argmax())
+                top = float(row[choice])
+                second = float(max(row[:choice].max(initial=-np.inf), row[choice + 1 :].max(initial=-np.inf)))
+            if not self._keeps_unprocessed(context, index, choice, top, second):
+                return None
+            choices[index] = choice
+        return choices
+
+    def _keeps_unprocessed(self, context: ProcessContext, index: int, choice: int, top: float, second: float) -> bool:
+        """Whether row ``index``'s maximum ``top`` at ``choice``, over others <= ``second``, is unique and stays the
+        maximum through every step: the head's ``bound_argmax_at`` with this row's context, then the tail's
+        ``bound_argmax``."""
         if not -np.inf < top < np.inf:
             return False  # a masked, infinite or NaN maximum: let the steps decide
-        # the largest of the others in two reductions, leaving the caller's rows as they are
-        second = float(max(row[:choice].max(initial=-np.inf), row[choice + 1 :].max(initial=-np.inf)))
         bounds: tuple[Any, Any] | None = (top, second)
         for bound_at in self._head_bounds or ():
             if bounds is None or not bounds[1] < bounds[0]:
