@@ -95,7 +95,7 @@ class ExcludeTopChoices(Processor):
         for index in range(len(rows)):
             probs = p[index]
             above = np.flatnonzero(probs >= self.threshold)
-            alive = int((probs > 0).sum())
+            alive = int((rows[index] > -np.inf).sum())  # llama.cpp counts its candidates, however improbable
             if above.size < 2 or alive - (above.size - 1) < self.min_keep:
                 out[index] = log_p[index]
                 continue
