@@ -126,15 +126,18 @@ def fuse(processors: Sequence[LogitsProcessor]) -> tuple[LogitsProcessor, ...]:
     return tuple(steps)
 
 
-def bound_through(steps: Sequence[Any], top: Any, second: Any) -> tuple[Any, Any] | None:
-    """The bounds (``LogitsProcessor.bound_argmax``) of a row after ``steps`` in turn, starting from a unique
-    maximum ``top`` over others <= ``second``; None unless every step promises the maximum stays unique."""
-    bounds: tuple[Any, Any] | None = (top, second)
-    for step in steps:
-        if bounds is None or not bounds[1] < bounds[0]:
+def bound_through(bounds: Sequence[Callable[..., Any]], top: Any, second: Any) -> tuple[Any, Any] | None:
+    """The bounds of a row after steps whose ``bound_argmax`` methods are ``bounds`` (looked up once by the caller),
+    in turn, starting from a unique maximum ``top`` over others <= ``second``; None unless every step promises the
+    maximum stays unique."""
+    for bound in bounds:
+        if not second < top:
             return None
-        bounds = step.bound_argmax(*bounds)
-    return bounds if bounds is not None and bounds[1] < bounds[0] else None
+        found = bound(top, second)
+        if found is None:
+            return None
+        top, second = found
+    return (top, second) if second < top else None
 
 
 class ProcessorChain:
@@ -227,16 +230,14 @@ class ProcessorChain:
         ``bound_argmax``."""
         if not -np.inf < top < np.inf:
             return False  # a masked, infinite or NaN maximum: let the steps decide
-        bounds: tuple[Any, Any] | None = (top, second)
         for bound_at in self._head_bounds or ():
-            if bounds is None or not bounds[1] < bounds[0]:
+            if not second < top:
                 return False
-            bounds = bound_at(context, index, choice, *bounds)
-        for bound in self._bounds:
-            if bounds is None or not bounds[1] < bounds[0]:
+            found = bound_at(context, index, choice, top, second)
+            if found is None:
                 return False
-            bounds = bound(*bounds)
-        return bounds is not None and bounds[1] < bounds[0]
+            top, second = found
+        return bound_through(self._bounds, top, second) is not None
 
     def _keeps(self, row: np.ndarray, choice: int) -> bool:
         """Whether ``row``'s maximum at ``choice`` is unique and every trailing step promises to keep it."""
@@ -246,12 +247,7 @@ class ProcessorChain:
         row[choice] = -np.inf
         second = row.max()
         row[choice] = top
-        bounds: tuple[Any, Any] | None = (top, second)
-        for bound in self._bounds:
-            if bounds is None or not bounds[1] < bounds[0]:
-                return False
-            bounds = bound(*bounds)
-        return bounds is not None and bounds[1] < bounds[0]
+        return bound_through(self._bounds, top, second) is not None
 
     def commit(self, tokens: Sequence[int]) -> None:
         for processor in self._stateful:

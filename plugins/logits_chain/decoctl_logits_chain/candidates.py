@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import numpy as np
 
 from decoctl import ProcessContext
+from decoctl.processing import bound_through
 from decoctl_logits_chain.base import NEG_INF, Processor
 
 __all__ = ["CandidateRun", "Narrowing", "finite_candidates", "select_top", "sort_candidates", "through_ties"]
@@ -92,18 +92,6 @@ class Narrowing(Processor):
         return CandidateRun((self, following))
 
 
-def _through(bounds: tuple[Callable[..., Any], ...], top: Any, second: Any) -> tuple[Any, Any] | None:
-    """``bound_through`` over the steps' bound_argmax methods, looked up once when the run is built."""
-    for bound in bounds:
-        found = bound(top, second)
-        if found is None:
-            return None
-        top, second = found
-        if not second < top:
-            return None
-    return top, second
-
-
 class CandidateRun(Processor):
     """``steps`` (Narrowing processors, a terminal only last) applied to each row's candidates in one pass."""
 
@@ -111,7 +99,7 @@ class CandidateRun(Processor):
         self.steps = steps
         self.terminal = steps[-1].terminal
         bounds = tuple(getattr(step, "bound_argmax", None) for step in steps)
-        self._bound = None if None in bounds else partial(_through, bounds)
+        self._bound = None if None in bounds else partial(bound_through, bounds)
 
     def fuse(self, following: object) -> CandidateRun | None:
         if self.terminal or not isinstance(following, Narrowing):

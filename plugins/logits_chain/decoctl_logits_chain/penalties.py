@@ -86,8 +86,9 @@ class _Prefixed(Processor):
         self, context: ProcessContext, row: int, token: int, top: float, second: float
     ) -> tuple[float, float] | None:
         """``LogitsProcessor.bound_argmax_at``: what this processor does to ``token``'s logit, computed on that one
-        value, when the processor only ever lowers logits (so ``second`` still bounds the others)."""
-        raise NotImplementedError
+        value, when the processor only ever lowers logits (so ``second`` still bounds the others). A masking member
+        leaves ``token`` as it is unless it holds it back; a tallied penalty computes its one value."""
+        return None if self.holds_back(context, row, token) else (top, second)
 
     def fuse(self, following: object) -> PrefixRun | None:
         return PrefixRun((self, following)) if isinstance(following, _Prefixed) else None
@@ -237,9 +238,7 @@ class NoRepeatNGram(_Prefixed):
     def bound_argmax_at(
         self, context: ProcessContext, row: int, token: int, top: float, second: float
     ) -> tuple[float, float] | None:
-        if not self.table.follows(context):
-            return None
-        return None if self.holds_back(context, row, token) else (top, second)
+        return super().bound_argmax_at(context, row, token, top, second) if self.table.follows(context) else None
 
     def holds_back(self, context: ProcessContext, row: int, token: int) -> bool:
         self.table.catch_up(context)
@@ -259,11 +258,6 @@ class MinLength(_Prefixed):
     def masked(self, context: ProcessContext) -> Sequence[int]:
         return context.eos_token_ids if len(context.prompt) + len(context.output) < self.min_length else ()
 
-    def bound_argmax_at(
-        self, context: ProcessContext, row: int, token: int, top: float, second: float
-    ) -> tuple[float, float] | None:
-        return None if self.holds_back(context, row, token) else (top, second)
-
     def holds_back(self, context: ProcessContext, row: int, token: int) -> bool:
         return token in context.eos_token_ids and len(context.prompt) + context.new_tokens(row) < self.min_length
 
@@ -280,11 +274,6 @@ class MinNewTokens(_Prefixed):
 
     def masked(self, context: ProcessContext) -> Sequence[int]:
         return context.eos_token_ids if len(context.output) < self.min_new_tokens else ()
-
-    def bound_argmax_at(
-        self, context: ProcessContext, row: int, token: int, top: float, second: float
-    ) -> tuple[float, float] | None:
-        return None if self.holds_back(context, row, token) else (top, second)
 
     def holds_back(self, context: ProcessContext, row: int, token: int) -> bool:
         return token in context.eos_token_ids and context.new_tokens(row) < self.min_new_tokens

@@ -131,8 +131,8 @@ class TopH(Processor):
             finite = logits > -np.inf
             if not finite.any():
                 continue
-            shifted = logits - logits[0]
-            p = np.exp(shifted) / np.exp(shifted).sum()
+            weights = np.exp(logits - logits[0])
+            p = weights / weights.sum()
             with np.errstate(divide="ignore", invalid="ignore"):
                 terms = np.where(p > 0, -p * np.log(p), 0.0)
             keep = np.cumsum(terms) <= self.top_h * terms.sum()
