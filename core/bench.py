@@ -35,6 +35,7 @@ from decoctl.bench_contenders import (
     RawOrtContender,
 )
 from decoctl.bench_ideal import CostCalibrator, CostCurve, ideal_ratio
+from decoctl.bench_runs import run_in_processes
 from decoctl.errors import ConfigError
 from decoctl.generate import Generator
 from decoctl.model import huge_pages
@@ -458,6 +459,13 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--plot", help="write a PNG bar chart here")
     bench.add_argument("--require-identical", action="store_true", help="exit 3 if a contender's tokens differ")
     bench.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="repeat the whole bench in this many fresh processes (contender order rotating) and report each "
+        "ratio's geometric mean with a 95%% confidence interval (decoctl.bench_runs)",
+    )
+    bench.add_argument(
         "--calibration-pairs",
         type=int,
         default=3,
@@ -474,6 +482,10 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
         raise ConfigError("--repeats and --max-new-tokens must be at least 1")
     if args.calibration_pairs < 1:
         raise ConfigError("--calibration-pairs must be at least 1")
+    if args.runs < 1:
+        raise ConfigError("--runs must be at least 1")
+    if args.runs > 1:
+        return run_in_processes(args, _split_top_level(args.contenders))
     threads = args.threads or default_threads()
     roles = dict(r.split("=", 1) for r in args.role)
     if args.draft:

@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 
 from decoctl.errors import ModelLoadError
+from decoctl.model.fed_lengths import FedLengths
 from decoctl.model.spec import ModelSpec
 
 __all__ = ["Capabilities"]
@@ -28,6 +29,8 @@ class Capabilities:
     ``position_ids`` / ``attention_bias``: input names, or None. ``tree`` needs both.
     ``feature_input`` / ``feature_size``: the input that takes another model's features (a draft head's
     ``target_hidden_states``, one float32 row per fed token) and its width, or None.
+    ``fed_lengths``: the inputs that take GroupQueryAttention's sequence lengths where the loader removed the
+    mask subgraph (decoctl.model.fed_lengths); the graph then has no attention mask input. None otherwise.
     """
 
     logits_all_positions: bool
@@ -39,6 +42,7 @@ class Capabilities:
     attention_bias: str | None
     feature_input: str | None
     feature_size: int | None
+    fed_lengths: FedLengths | None = None
 
     @property
     def tree(self) -> bool:
@@ -57,11 +61,13 @@ class Capabilities:
         return tuple(name for name, ok in present.items() if ok)
 
     @classmethod
-    def from_session(cls, session: Any, spec: ModelSpec) -> Capabilities:
-        """Read a live onnxruntime.InferenceSession's inputs and outputs against the folder's spec."""
+    def from_session(cls, session: Any, spec: ModelSpec, fed_lengths: FedLengths | None = None) -> Capabilities:
+        """Read a live onnxruntime.InferenceSession's inputs and outputs against the folder's spec
+        (``fed_lengths``: the length inputs that replaced its attention mask, when the loader rewrote it)."""
         inputs = {i.name: i for i in session.get_inputs()}
         outputs = {o.name: o for o in session.get_outputs()}
-        required = [spec.input_ids_name, spec.attention_mask_name]
+        lengths = [fed_lengths.seqlens_k, fed_lengths.total_sequence_length] if fed_lengths else []
+        required = [spec.input_ids_name, *(lengths or [spec.attention_mask_name])]
         for layer in range(spec.num_layers):
             required.extend(spec.past_names(layer))
         missing = [name for name in required if name not in inputs]
@@ -87,6 +93,7 @@ class Capabilities:
             attention_bias=ATTENTION_BIAS if ATTENTION_BIAS in inputs else None,
             feature_input=FEATURES if feature_size is not None else None,
             feature_size=feature_size,
+            fed_lengths=fed_lengths,
         )
 
 

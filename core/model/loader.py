@@ -10,7 +10,7 @@ import onnxruntime as ort
 import structlog
 
 from decoctl.errors import ConfigError, ModelLoadError
-from decoctl.model import huge_pages
+from decoctl.model import fed_lengths, huge_pages
 from decoctl.model.capabilities import Capabilities
 from decoctl.model.spec import ModelSpec
 from decoctl.model.tokenizer import Tokenizer
@@ -18,6 +18,12 @@ from decoctl.model.tokenizer import Tokenizer
 __all__ = ["LoadedModel", "default_threads", "load_model", "session_options"]
 
 log = structlog.get_logger(__name__)
+
+
+#: onnxruntime's session config key for where a graph loaded from memory finds its external data
+EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
+#: graph files up to this size are rewritten in memory (onnxruntime-genai's builder keeps weights outside them)
+MAX_REWRITTEN_BYTES = 256 << 20
 
 
 def default_threads() -> int:
@@ -51,17 +57,30 @@ class LoadedModel:
     threads: int
 
 
-def load_model(path: str | Path, *, name: str | None = None, threads: int | None = None) -> LoadedModel:
+def load_model(
+    path: str | Path, *, name: str | None = None, threads: int | None = None, feed_lengths: bool | None = None
+) -> LoadedModel:
     """Load a model folder in the onnxruntime-genai or Optimum layout.
 
     :param path: the folder holding the config, model.onnx and tokenizer.json.
     :param name: a display name (defaults to the folder name).
     :param threads: intra-op threads; None takes onnxruntime-genai's default (cores/2, at least 1).
+    :param feed_lengths: remove onnxruntime-genai's attention-mask subgraph and feed GroupQueryAttention's
+        sequence lengths directly (decoctl.model.fed_lengths; the same logits, a cheaper step). None: on unless
+        the environment sets DECOCTL_FEED_LENGTHS=0.
     """
     spec = ModelSpec.from_folder(path)
     options = session_options(threads)
+    if feed_lengths is None:
+        feed_lengths = os.environ.get("DECOCTL_FEED_LENGTHS", "1") not in ("0", "")
+    rewritten = _without_mask_subgraph(spec) if feed_lengths and spec.layout == "genai" else None
     try:
-        session = ort.InferenceSession(str(spec.onnx_file), options, providers=["CPUExecutionProvider"])
+        if rewritten is None:
+            session = ort.InferenceSession(str(spec.onnx_file), options, providers=["CPUExecutionProvider"])
+        else:
+            # the graph comes from memory; its external data still lies next to the file it was read from
+            options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(spec.onnx_file.parent))
+            session = ort.InferenceSession(rewritten.model, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types; all mean "not loadable"
         raise ModelLoadError(
             f"onnxruntime could not load {spec.onnx_file} ({type(exc).__name__}: {exc}): the file is corrupt "
@@ -69,7 +88,7 @@ def load_model(path: str | Path, *, name: str | None = None, threads: int | None
         ) from exc
     # the weights now sit in onnxruntime's buffers: put them on huge pages (see huge_pages.py for the measurement)
     huge_pages.collapse()
-    capabilities = Capabilities.from_session(session, spec)
+    capabilities = Capabilities.from_session(session, spec, rewritten.inputs if rewritten else None)
     tokenizer = Tokenizer.from_file(spec.tokenizer_file, bos_token_id=spec.bos_token_id, add_bos=spec.add_bos)
     if tokenizer.vocab_size > spec.vocab_size:
         raise ModelLoadError(
@@ -90,5 +109,25 @@ def load_model(path: str | Path, *, name: str | None = None, threads: int | None
         layout=spec.layout,
         capabilities=capabilities.names(),
         threads=model.threads,
+        fed_lengths=rewritten is not None,
     )
     return model
+
+
+def _without_mask_subgraph(spec: ModelSpec) -> fed_lengths.Rewritten | None:
+    """The graph with its mask subgraph removed, or None (logged with the reason) where it does not apply."""
+    size = spec.onnx_file.stat().st_size if spec.onnx_file.is_file() else 0
+    if not 0 < size <= MAX_REWRITTEN_BYTES:
+        # weights inside the graph file: splicing it would hold a second copy of them in memory while loading
+        log.info("decoctl.mask_subgraph_kept", model=str(spec.path), reason=f"graph file of {size} bytes")
+        return None
+    try:
+        result = fed_lengths.rewrite(spec.onnx_file.read_bytes(), spec.attention_mask_name)
+    except ModelLoadError as exc:
+        # not a readable graph: onnxruntime's own load, right after, reports it with the file and the fix
+        result = fed_lengths.Kept(reason=str(exc))
+    if isinstance(result, fed_lengths.Kept):
+        log.info("decoctl.mask_subgraph_kept", model=str(spec.path), reason=result.reason)
+        return None
+    log.debug("decoctl.mask_subgraph_removed", model=str(spec.path), nodes=result.removed_nodes)
+    return result

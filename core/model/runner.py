@@ -120,6 +120,13 @@ class Runner:
         self._causal: dict[int, np.ndarray] = {}
         self._names = spec
         self._caps = caps
+        # GroupQueryAttention's lengths where the loader removed the mask subgraph: [seqlens_k, total], bound once
+        # (the addresses and shapes never change) and rewritten before every run
+        self._lengths = np.zeros(2, np.int32)
+        if caps.fed_lengths is not None:
+            pointer = self._lengths.ctypes.data
+            self._fast.bind_input(caps.fed_lengths.seqlens_k, np.int32, [1], pointer)
+            self._fast.bind_input(caps.fed_lengths.total_sequence_length, np.int32, [], pointer + 4)
 
     @property
     def length(self) -> int:
@@ -140,7 +147,12 @@ class Runner:
         ids = self._ids
         ids[0, :n] = tokens
         self._bind(spec.input_ids_name, np.int64, (1, n), self._ids_pointer)
-        self._fast.bind_input(spec.attention_mask_name, np.int64, [1, total], self._mask_pointer)
+        if caps.fed_lengths is None:
+            self._fast.bind_input(spec.attention_mask_name, np.int64, [1, total], self._mask_pointer)
+        else:
+            lengths = self._lengths
+            lengths[0] = total - 1
+            lengths[1] = total
         if caps.position_ids is not None:
             pos = self._positions
             if positions is None:

@@ -1,0 +1,296 @@
+"""Feed GroupQueryAttention its sequence lengths instead of deriving them from the attention mask in the graph.
+
+onnxruntime-genai's builder computes GroupQueryAttention's ``seqlens_k`` (int32[batch] = sum(attention_mask) -
+1) and ``total_sequence_length`` (int32 scalar = attention_mask's width) with six small nodes (Shape, Gather,
+Cast, ReduceSum, Sub, Cast) that run on every step. decoctl knows both numbers before a step (it owns the KV
+cache), so ``rewrite()`` removes that subgraph and turns its two results into graph inputs, which the runner binds
+once and refreshes with two integer stores a step. On small models a step is mostly per-node overhead, so this is
+a visible share of it: measured on a 4-layer random Llama (one thread) a step was 6% faster
+(docs/BENCHMARKS.md, "The host's step without the mask subgraph").
+
+The rewrite is exact: it only fires on the builder's pattern, node for node (attribute and constant values
+checked), where the removed nodes compute exactly the values decoctl feeds for an unpadded sequence of one
+batch row. Anything else (another pattern, an attention mask that also feeds other nodes, a graph without
+GroupQueryAttention) keeps the graph as it is and says why. Weights are never decoded: the graph's bytes are
+spliced with protowire, so the onnx package is not needed.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import defaultdict
+from collections.abc import Sequence
+
+import attrs
+
+from decoctl.model import protowire as pw
+
+__all__ = ["FedLengths", "Kept", "Rewritten", "rewrite"]
+
+# ModelProto.graph; GraphProto.node / initializer / input / output; NodeProto.input / output / op_type /
+# attribute / domain; AttributeProto.name / i / t / ints; TensorProto.dims / data_type / int64_data / name /
+# raw_data; ValueInfoProto.name / type; TypeProto.tensor_type; TypeProto.Tensor.elem_type / shape;
+# TensorShapeProto.dim (field numbers from onnx.proto)
+_MODEL_GRAPH = 7
+_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 1, 5, 11, 12
+_NODE_INPUT, _NODE_OUTPUT, _NODE_OP_TYPE, _NODE_ATTRIBUTE, _NODE_DOMAIN = 1, 2, 4, 5, 7
+_ATTR_NAME, _ATTR_I, _ATTR_T, _ATTR_INTS = 1, 3, 5, 8
+_TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_INT64_DATA, _TENSOR_NAME, _TENSOR_RAW_DATA = 1, 2, 7, 8, 9
+_VALUE_NAME, _VALUE_TYPE = 1, 2
+_TYPE_TENSOR, _TENSOR_ELEM_TYPE, _TENSOR_SHAPE, _SHAPE_DIM = 1, 1, 2, 1
+_INT32, _INT64 = 6, 7
+
+_GQA_SEQLENS_K, _GQA_TOTAL_LENGTH = 5, 6
+_BUILDER = "onnxruntime-genai's builder"
+
+#: a small int64 constant: a list for a 1-D tensor, ((), value) for a scalar
+_Constant = list[int] | tuple[tuple[()], int]
+
+
+@attrs.frozen(kw_only=True)
+class FedLengths:
+    """The two graph inputs that replace the mask subgraph: ``seqlens_k`` int32[batch] (the sequence length
+    minus one) and ``total_sequence_length`` int32 scalar (the sequence length)."""
+
+    seqlens_k: str
+    total_sequence_length: str
+
+
+@attrs.frozen(kw_only=True)
+class Rewritten:
+    """The rewritten ModelProto bytes, its new inputs, and how many nodes went."""
+
+    model: bytes
+    inputs: FedLengths
+    removed_nodes: int
+
+
+@attrs.frozen(kw_only=True)
+class Kept:
+    """The graph stays as it is; ``reason`` says why."""
+
+    reason: str
+
+
+@attrs.define
+class _Node:
+    index: int
+    op_type: str
+    domain: str
+    inputs: list[str]
+    outputs: list[str]
+    attributes: dict[str, list[pw.Field]]
+
+
+def rewrite(model: bytes, attention_mask: str) -> Rewritten | Kept:
+    """Remove the builder's mask subgraph from the serialized ModelProto ``model`` (see the module docstring).
+
+    :param attention_mask: the graph input the subgraph reads (the config's ``inputs.attention_mask``).
+    """
+    model_fields = list(pw.fields(model))
+    graphs = [f for f in model_fields if f.number == _MODEL_GRAPH]
+    if len(graphs) != 1:
+        return Kept(reason="the file holds no single graph")
+    graph_fields = list(pw.fields(graphs[0].payload))
+    nodes = [_parse_node(i, f) for i, f in enumerate(f for f in graph_fields if f.number == _GRAPH_NODE)]
+    found = _match(nodes, graph_fields, attention_mask)
+    if isinstance(found, Kept):
+        return found
+    lengths, removed = found
+    mask_info = next(f for f in graph_fields if f.number == _GRAPH_INPUT and _value_name(f) == attention_mask)
+    new_inputs = [
+        pw.length_delimited(_GRAPH_INPUT, _tensor_value(lengths.seqlens_k, _INT32, [_first_dim(mask_info)])),
+        pw.length_delimited(_GRAPH_INPUT, _tensor_value(lengths.total_sequence_length, _INT32, [])),
+    ]
+    kept: list[bytes] = []
+    node_index = 0
+    for field in graph_fields:
+        if field.number == _GRAPH_NODE:
+            node_index += 1
+            if node_index - 1 in removed:
+                continue
+        elif field is mask_info:
+            continue
+        kept.append(field.raw)
+    new_graph = pw.length_delimited(_MODEL_GRAPH, [*kept, *new_inputs])
+    rebuilt = b"".join(new_graph if f is graphs[0] else f.raw for f in model_fields)
+    return Rewritten(model=rebuilt, inputs=lengths, removed_nodes=len(removed))
+
+
+def _match(nodes: Sequence[_Node], graph_fields: Sequence[pw.Field], mask: str) -> tuple[FedLengths, set[int]] | Kept:
+    attention = [n for n in nodes if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
+    if not attention:
+        return Kept(reason="no com.microsoft GroupQueryAttention node")
+    slots = {(_slot(n, _GQA_SEQLENS_K), _slot(n, _GQA_TOTAL_LENGTH)) for n in attention}
+    if len(slots) != 1 or "" in next(iter(slots)):
+        return Kept(reason="the GroupQueryAttention nodes do not share one seqlens_k and total_sequence_length")
+    seqlens_k, total = next(iter(slots))
+    producer = {name: node for node in nodes for name in node.outputs}
+    constants = _constants(nodes, graph_fields)
+    consumers: dict[str, list[tuple[_Node, int]]] = defaultdict(list)
+    for node in nodes:
+        for slot, name in enumerate(node.inputs):
+            consumers[name].append((node, slot))
+    graph_outputs = {_value_name(f) for f in graph_fields if f.number == _GRAPH_OUTPUT}
+    if mask not in {_value_name(f) for f in graph_fields if f.number == _GRAPH_INPUT}:
+        return Kept(reason=f"the graph has no {mask!r} input")
+
+    def made_by(name: str, op_type: str, arity: int) -> _Node | None:
+        node = producer.get(name)
+        if node is None or node.op_type != op_type or node.domain not in ("", "ai.onnx") or len(node.inputs) != arity:
+            return None
+        return node
+
+    # seqlens_k = Cast<int32>(Sub(ReduceSum<keepdims=0, axis 1>(mask), 1))
+    cast_k = made_by(seqlens_k, "Cast", 1)
+    sub = made_by(cast_k.inputs[0], "Sub", 2) if cast_k else None
+    reduce = None
+    if sub is not None and constants.get(sub.inputs[1]) in ([1], ((), 1)):
+        reduce = made_by(sub.inputs[0], "ReduceSum", 2) or made_by(sub.inputs[0], "ReduceSum", 1)
+    # total_sequence_length = Cast<int32>(Gather<axis 0>(Shape(mask), scalar 1))
+    cast_t = made_by(total, "Cast", 1)
+    gather = made_by(cast_t.inputs[0], "Gather", 2) if cast_t else None
+    shape = made_by(gather.inputs[0], "Shape", 1) if gather else None
+    if not (cast_k and sub and reduce and cast_t and gather and shape):
+        return Kept(reason=f"seqlens_k and total_sequence_length are not computed the way {_BUILDER} does")
+    checks = [
+        _int(cast_k, "to") == _INT32 and _int(cast_t, "to") == _INT32,
+        reduce.inputs[0] == mask and _int(reduce, "keepdims") == 0 and _reduced_axes(reduce, constants) in ([1], [-1]),
+        _int(reduce, "noop_with_empty_axes") in (None, 0),
+        _int(gather, "axis") in (None, 0) and constants.get(gather.inputs[1]) == ((), 1),
+        shape.inputs[0] == mask and not shape.attributes,
+    ]
+    if not all(checks):
+        return Kept(reason=f"the mask subgraph differs from {_BUILDER}'s in an attribute or constant")
+    subgraph = [cast_k, sub, reduce, cast_t, gather, shape]
+    removed = {node.index for node in subgraph}
+    for name, wanted in ((seqlens_k, _GQA_SEQLENS_K), (total, _GQA_TOTAL_LENGTH)):
+        if any(n.op_type != "GroupQueryAttention" or slot != wanted for n, slot in consumers[name]):
+            return Kept(reason=f"{name!r} feeds more than GroupQueryAttention's length inputs")
+    for node in subgraph:
+        if node in (cast_k, cast_t):
+            continue
+        for name in node.outputs:
+            if name in graph_outputs or any(n.index not in removed for n, _ in consumers[name]):
+                return Kept(reason=f"{name!r} of the mask subgraph is used elsewhere")
+    if seqlens_k in graph_outputs or total in graph_outputs:
+        return Kept(reason="the sequence lengths are graph outputs")
+    if any(n.index not in removed for n, _ in consumers[mask]):
+        return Kept(reason=f"{mask!r} feeds other nodes than the length subgraph")
+    # Constant nodes left with no consumer go too (an unused Constant would be dead weight, not an error)
+    for node in nodes:
+        if node.op_type == "Constant" and node.index not in removed:
+            users = [n for name in node.outputs for n, _ in consumers[name]]
+            if users and all(n.index in removed for n in users) and not set(node.outputs) & graph_outputs:
+                removed.add(node.index)
+    return FedLengths(seqlens_k=seqlens_k, total_sequence_length=total), removed
+
+
+def _parse_node(index: int, field: pw.Field) -> _Node:
+    node = _Node(index=index, op_type="", domain="", inputs=[], outputs=[], attributes={})
+    for part in pw.fields(field.payload):
+        if part.number == _NODE_INPUT:
+            node.inputs.append(part.text)
+        elif part.number == _NODE_OUTPUT:
+            node.outputs.append(part.text)
+        elif part.number == _NODE_OP_TYPE:
+            node.op_type = part.text
+        elif part.number == _NODE_DOMAIN:
+            node.domain = part.text
+        elif part.number == _NODE_ATTRIBUTE:
+            attribute = list(pw.fields(part.payload))
+            name = next((a.text for a in attribute if a.number == _ATTR_NAME), "")
+            node.attributes[name] = attribute
+    return node
+
+
+def _slot(node: _Node, slot: int) -> str:
+    return node.inputs[slot] if len(node.inputs) > slot else ""
+
+
+def _int(node: _Node, attribute: str) -> int | None:
+    fields = node.attributes.get(attribute)
+    if fields is None:
+        return None
+    values = [f.number_value for f in fields if f.number == _ATTR_I]
+    return _signed(values[0]) if values else None
+
+
+def _reduced_axes(node: _Node, constants: dict[str, _Constant]) -> list[int] | None:
+    if len(node.inputs) == 2:
+        axes = constants.get(node.inputs[1])
+        return axes if isinstance(axes, list) else None
+    fields = node.attributes.get("axes", [])
+    return [_signed(v) for f in fields if f.number == _ATTR_INTS for v in pw.packed_varints(f)] or None
+
+
+def _constants(nodes: Sequence[_Node], graph_fields: Sequence[pw.Field]) -> dict[str, _Constant]:
+    """Small int64 constants by name, from initializers and Constant nodes: a list for a 1-D tensor, ((), v)
+    for a scalar. Anything else (another type, rank or size) is left out."""
+    found: dict[str, _Constant] = {}
+    for field in graph_fields:
+        if field.number == _GRAPH_INITIALIZER:
+            name, value = _int64_tensor(field.payload)
+            if name and value is not None:
+                found[name] = value
+    for node in nodes:
+        if node.op_type != "Constant" or len(node.outputs) != 1:
+            continue
+        tensor = [f for f in node.attributes.get("value", []) if f.number == _ATTR_T]
+        if tensor:
+            _, value = _int64_tensor(tensor[0].payload)
+            if value is not None:
+                found[node.outputs[0]] = value
+    return found
+
+
+def _int64_tensor(payload: bytes) -> tuple[str, _Constant | None]:
+    dims: list[int] = []
+    name, data_type, values = "", 0, None
+    for field in pw.fields(payload):
+        if field.number == _TENSOR_DIMS:
+            dims.extend(pw.packed_varints(field))
+        elif field.number == _TENSOR_DATA_TYPE:
+            data_type = field.number_value
+        elif field.number == _TENSOR_NAME:
+            name = field.text
+        elif field.number == _TENSOR_RAW_DATA and len(field.payload) % 8 == 0:
+            values = list(struct.unpack(f"<{len(field.payload) // 8}q", field.payload))
+        elif field.number == _TENSOR_INT64_DATA:
+            values = (values or []) + [_signed(v) for v in pw.packed_varints(field)]
+    if data_type != _INT64 or values is None or len(dims) > 1 or len(values) > 8:
+        return name, None
+    if not dims:
+        return name, (((), values[0]) if len(values) == 1 else None)
+    return name, (values if dims[0] == len(values) else None)
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _value_name(field: pw.Field) -> str:
+    return next((f.text for f in pw.fields(field.payload) if f.number == _VALUE_NAME), "")
+
+
+def _first_dim(value_info: pw.Field) -> bytes:
+    """The first Dimension of a tensor ValueInfoProto, as encoded (a dim_param such as 'batch_size')."""
+    for part in pw.fields(value_info.payload):
+        if part.number != _VALUE_TYPE:
+            continue
+        for tensor in pw.fields(part.payload):
+            if tensor.number != _TYPE_TENSOR:
+                continue
+            for shape in pw.fields(tensor.payload):
+                if shape.number == _TENSOR_SHAPE:
+                    for dim in pw.fields(shape.payload):
+                        if dim.number == _SHAPE_DIM:
+                            return dim.payload
+    return pw.length_delimited(2, b"batch_size")  # Dimension.dim_param
+
+
+def _tensor_value(name: str, elem_type: int, dims: list[bytes]) -> bytes:
+    """A ValueInfoProto for a tensor input; no dims encodes a scalar (an empty shape, not an unknown one)."""
+    shape = pw.length_delimited(_TENSOR_SHAPE, [pw.length_delimited(_SHAPE_DIM, d) for d in dims])
+    tensor = pw.length_delimited(_TYPE_TENSOR, [pw.varint_field(_TENSOR_ELEM_TYPE, elem_type), shape])
+    return pw.length_delimited(_VALUE_NAME, name.encode()) + pw.length_delimited(_VALUE_TYPE, tensor)
