@@ -236,9 +236,19 @@ class Generator:
     def _steps(self, run: _Run, prompt: str) -> Iterator[None]:
         """Step ``run`` to its end, pausing after every step; ``self.last`` holds its result at the end. An error
         inside becomes a GenerationError that keeps the text so far."""
+        # the loop runs once a token on the greedy path, with onnxruntime's run in between evicting Python's
+        # working set from the caches: what it touches is bound to locals once
+        host, output, step = run.host, run.output, run.controller.step
+        tokens = output.tokens
         try:
-            while not run.host.done:
-                self._step(run)
+            while output.stop_reason is None:
+                before = len(tokens)
+                step(host)
+                if len(tokens) == before and output.stop_reason is None:
+                    raise ControllerError(
+                        f"controller {self.spec.name!r} made a step that committed no token and did not finish: "
+                        "every step must commit at least one token"
+                    )
                 yield
         except BaseException as exc:
             self._fail(run, prompt, exc)
@@ -308,15 +318,6 @@ class Generator:
         from decoctl import abi  # the compiled bridge is only needed for shared-library controllers
 
         return abi.library_factory(self.spec)(dict(self.options))
-
-    def _step(self, run: _Run) -> None:
-        before = len(run.output.tokens)
-        run.controller.step(run.host)
-        if len(run.output.tokens) == before and not run.host.done:
-            raise ControllerError(
-                f"controller {self.spec.name!r} made a step that committed no token and did not finish: every "
-                "step must commit at least one token"
-            )
 
     def _stats(self, run: _Run) -> GenerationStats:
         now = time.perf_counter()

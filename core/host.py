@@ -169,6 +169,8 @@ class Sequence:
         that input (SequenceError without it or with another shape), refused by one that has not
         (CapabilityError). The rows are copied before the call returns.
         """
+        if tree is None and features is None and type(tokens) is tuple and len(tokens) == 1:
+            return self._forward_one(tokens[0])
         ids = self._checked_tokens(tokens, tree_follows=tree is not None)
         rows_features = self._checked_features(features, len(ids))
         if len(ids) > 1 and not self.model.capabilities.logits_all_positions:
@@ -203,9 +205,10 @@ class Sequence:
 
     def logits(self) -> np.ndarray:
         """float32[n, vocab] of the last forward (host-owned; valid until the next forward or rewind)."""
-        if self._logits is None:
+        logits = self._logits
+        if logits is None:
             raise SequenceError(f"role {self.role!r} has no logits yet: call forward() first")
-        return self._guard(self._logits)
+        return self._guard(logits) if self._debug else logits
 
     def hidden_states(self, kind: str = "final") -> np.ndarray:
         """float32[n, hidden] of the last forward: ``kind`` "final" (the graph's hidden_states output) or
@@ -333,6 +336,32 @@ class Sequence:
         self._logits, self._hidden, self._aux = outputs.logits, outputs.hidden, outputs.aux
         self._invalidate(keep_outputs=True)
         return self._guard(outputs.logits)
+
+    def _forward_one(self, token: int) -> np.ndarray:
+        """forward((token,)) on the decode path: the checks of _checked_tokens and _run's bookkeeping, inline.
+        Anything out of the ordinary (a bad token, a full cache, a pending tree, a features input) takes the
+        general path, which raises what it raises there."""
+        runner = self._runner
+        start = runner.kv.length
+        fed = self._fed
+        if (
+            not 0 <= token < self.model.spec.vocab_size
+            or start >= runner.max_length
+            or (fed is not None and fed[2] is not None and not fed[2].is_chain)
+            or self.model.capabilities.feature_input is not None
+        ):
+            return self.forward(np.asarray((token,), np.int64))
+        stats = self.stats
+        begin = time.perf_counter()
+        outputs = runner.step(token)
+        stats.seconds += time.perf_counter() - begin
+        stats.forwards += 1
+        stats.tokens_fed += 1
+        self._tokens[start] = token
+        self._logits, self._hidden, self._aux = outputs.logits, outputs.hidden, outputs.aux
+        self._epoch += 1
+        self._fed = (start, 1, None)
+        return self._guard(outputs.logits) if self._debug else outputs.logits
 
     def _forward_tree(self, ids: np.ndarray, tree: Seq[int] | np.ndarray, features: np.ndarray | None) -> np.ndarray:
         if not self.model.capabilities.tree:

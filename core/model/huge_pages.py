@@ -19,11 +19,13 @@ import ctypes
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import attrs
 import structlog
 
-__all__ = ["HugePageReport", "collapse", "enabled"]
+__all__ = ["HugePageReport", "collapse", "contiguous_allocations", "enabled"]
 
 log = structlog.get_logger(__name__)
 
@@ -31,6 +33,10 @@ HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
 MIN_RESIDENT_FRACTION = 0.5
+# glibc's mallopt parameter, its largest accepted value on 64-bit, and its starting value
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_MAX = 32 << 20
+MMAP_THRESHOLD_DEFAULT = 128 << 10
 
 
 @attrs.frozen(kw_only=True)
@@ -44,6 +50,26 @@ class HugePageReport:
 
 def enabled() -> bool:
     return sys.platform.startswith("linux") and os.environ.get("DECOCTL_HUGE_PAGES", "1") not in ("0", "")
+
+
+@contextmanager
+def contiguous_allocations() -> Iterator[None]:
+    """While a session loads, serve allocations up to 32 MiB from the heap rather than one mmap each.
+
+    onnxruntime prepacks every weight matrix into its own buffer; glibc gives each buffer over 128 KiB a
+    mapping of its own, and a mapping under 2 MiB can never hold a huge page, so on a small model most of the
+    weights stayed on 4 KiB pages whatever collapse() did. From the heap they form one region collapse() can
+    back with 2 MiB pages. Afterwards the threshold goes back to glibc's starting 128 KiB (it no longer adapts,
+    which glibc's own mallopt documentation describes for any explicit setting). A no-op where huge pages are
+    off or the C library has no mallopt (not glibc)."""
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None) if enabled() else None
+    if mallopt is None or mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) != 1:
+        yield
+        return
+    try:
+        yield
+    finally:
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_DEFAULT)
 
 
 def collapse() -> HugePageReport | None:

@@ -75,12 +75,13 @@ def load_model(
         feed_lengths = os.environ.get("DECOCTL_FEED_LENGTHS", "1") not in ("0", "")
     rewritten = _without_mask_subgraph(spec) if feed_lengths and spec.layout == "genai" else None
     try:
-        if rewritten is None:
-            session = ort.InferenceSession(str(spec.onnx_file), options, providers=["CPUExecutionProvider"])
-        else:
-            # the graph comes from memory; its external data still lies next to the file it was read from
-            options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(spec.onnx_file.parent))
-            session = ort.InferenceSession(rewritten.model, options, providers=["CPUExecutionProvider"])
+        with huge_pages.contiguous_allocations():
+            if rewritten is None:
+                session = ort.InferenceSession(str(spec.onnx_file), options, providers=["CPUExecutionProvider"])
+            else:
+                # the graph comes from memory; its external data still lies next to the file it was read from
+                options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(spec.onnx_file.parent))
+                session = ort.InferenceSession(rewritten.model, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types; all mean "not loadable"
         raise ModelLoadError(
             f"onnxruntime could not load {spec.onnx_file} ({type(exc).__name__}: {exc}): the file is corrupt "

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import numpy as np
 import onnxruntime as ort
 
 from decoctl.errors import SequenceError
-from decoctl.model.kv_cache import KVCache, make_kv_cache
+from decoctl.model.kv_cache import KVCache, SharedKVCache, make_kv_cache
 from decoctl.model.loader import LoadedModel
 
 __all__ = ["RunOutputs", "Runner"]
@@ -57,6 +60,12 @@ class _FastCalls:
         self._c_session = getattr(session, "_sess", None)
         self._c_binding = getattr(binding, "_iobinding", None)
         self._device = ort.OrtDevice.make("cpu", 0)._get_c_device() if self._c_binding is not None else None
+        if self._c_session is not None and self._c_binding is not None:
+            # no RunOptions: with one, onnxruntime's Python wrapper looks up an unset config key on every run and
+            # pays for the exception that lookup raises (~50 us a step)
+            self.run: Callable[[], None] = functools.partial(self._c_session.run_with_iobinding, self._c_binding, None)
+        else:
+            self.run = functools.partial(session.run_with_iobinding, binding)
 
     def bind_input(self, name: str, dtype: type, shape: list[int], pointer: int) -> None:
         if self._c_binding is None:
@@ -69,14 +78,6 @@ class _FastCalls:
             self._binding.bind_output(name, "cpu", 0, dtype, shape, pointer)
         else:
             self._c_binding.bind_output(name, self._device, dtype, shape, pointer)
-
-    def run(self) -> None:
-        # no RunOptions: with one, onnxruntime's Python wrapper looks up an unset config key on every run and
-        # pays for the exception that lookup raises (~50 us a step)
-        if self._c_session is None or self._c_binding is None:
-            self._session.run_with_iobinding(self._binding)
-        else:
-            self._c_session.run_with_iobinding(self._c_binding, None)
 
 
 class Runner:
@@ -127,6 +128,16 @@ class Runner:
             pointer = self._lengths.ctypes.data
             self._fast.bind_input(caps.fed_lengths.seqlens_k, np.int32, [1], pointer)
             self._fast.bind_input(caps.fed_lengths.total_sequence_length, np.int32, [], pointer + 4)
+        # a decode step feeds one token through bindings that stay put: when the graph takes nothing per step
+        # but the token (and the lengths or mask), step() skips run()'s checks (see step())
+        self._steppable = (
+            isinstance(self.kv, SharedKVCache)
+            and caps.position_ids is None
+            and caps.attention_bias is None
+            and caps.feature_input is None
+        )
+        self._one: RunOutputs | None = None
+        self._masked = caps.fed_lengths is None
 
     @property
     def length(self) -> int:
@@ -180,7 +191,29 @@ class Runner:
         aux = self._bind_rows(caps.aux_hidden_states, self._aux, n)
         self._fast.run()
         self.kv.advance(n)
-        return RunOutputs(logits, hidden, aux)
+        outputs = RunOutputs(logits, hidden, aux)
+        # after a one-token run every binding is what the next one-token run needs (bar the mask's length)
+        self._one = outputs if n == 1 and self._steppable else None
+        return outputs
+
+    def step(self, token: int) -> RunOutputs:
+        """Feed one token: the same as ``run(np.array([token]))``, cheaper on the decode path. The outputs object
+        is reused from one step to the next (its arrays alias the same buffers either way)."""
+        one = self._one
+        if one is None:
+            return self.run(np.array((token,), np.int64))
+        kv = self.kv
+        total = kv.length + 1
+        self._ids[0, 0] = token
+        if self._masked:
+            self._fast.bind_input(self._names.attention_mask_name, np.int64, [1, total], self._mask_pointer)
+        else:
+            lengths = self._lengths
+            lengths[0] = total - 1
+            lengths[1] = total
+        self._fast.run()
+        kv.length = total
+        return one
 
     def _bind(self, name: str, dtype: type, shape: tuple[int, ...], pointer: int, *, output: bool = False) -> None:
         """Bind ``name`` to host memory unless it is bound to exactly this pointer and shape already."""

@@ -143,3 +143,45 @@ def test_views_are_plain_arrays_outside_debug_mode(genai_model: Path) -> None:
     sequence = make_sequence(genai_model, debug=False)
     rows = sequence.forward([0, 1])
     assert type(rows) is np.ndarray
+
+
+@pytest.mark.parametrize("feed_lengths", [True, False])
+def test_one_token_tuples_take_the_decode_path_and_match_a_recompute(any_model: Path, feed_lengths: bool) -> None:
+    sequence = Sequence("target", load_model(any_model, threads=1, feed_lengths=feed_lengths), max_length=32)
+    expected = [3, 14, 15]
+    sequence.forward(expected)
+    for token in (9, 2, 6, 5):
+        row = sequence.forward((token,))
+        expected.append(token)
+        np.testing.assert_allclose(row, reference_logits(any_model, expected)[-1:], atol=ATOL)
+    sequence.rewind(4)
+    expected = expected[:4]
+    sequence.forward([8, 7])  # a two-token run between one-token ones rebinds the outputs
+    expected += [8, 7]
+    for token in (1, 1):
+        row = sequence.forward((np.int64(token),))
+        expected.append(token)
+        np.testing.assert_allclose(row, reference_logits(any_model, expected)[-1:], atol=ATOL)
+    assert list(sequence.tokens) == expected
+    assert sequence.stats.forwards == 8 and sequence.stats.tokens_fed == len(expected) + 3  # 3 rewound
+    np.testing.assert_array_equal(sequence.logits(), row)
+
+
+def test_the_decode_path_refuses_what_forward_refuses(genai_model: Path) -> None:
+    sequence = make_sequence(genai_model, max_length=4)
+    sequence.forward([0, 1, 2])
+    with pytest.raises(SequenceError, match="outside"):
+        sequence.forward((sequence.vocab_size,))
+    sequence.forward((3,))
+    with pytest.raises(SequenceError, match="max_length 4"):
+        sequence.forward((4,))
+    assert sequence.length == 4
+
+
+def test_stale_views_of_the_decode_path_raise_in_debug_mode(genai_model: Path) -> None:
+    sequence = make_sequence(genai_model, debug=True)
+    sequence.forward([0, 1])
+    old = sequence.forward((2,))
+    sequence.forward((3,))
+    with pytest.raises(SequenceError, match="after that role's next forward"):
+        old.max()
