@@ -154,9 +154,15 @@ def run_in_processes(args: argparse.Namespace, specs_text: Sequence[str]) -> int
             shift = run % len(specs_text)
             order = ",".join([*specs_text[shift:], *specs_text[:shift]])
             path = Path(folder) / f"run{run}.json"
-            done = subprocess.run(child_command(args, order, path), stdout=subprocess.DEVNULL, check=False)
+            done = subprocess.run(
+                child_command(args, order, path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False
+            )
             if done.returncode != 0:
-                raise ConfigError(f"bench run {run + 1} of {args.runs} failed (exit {done.returncode}): run it alone")
+                said = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["nothing"]
+                raise ConfigError(
+                    f"bench run {run + 1} of {args.runs} failed (exit {done.returncode}; it said: {said[0]}): run that "
+                    "bench alone, without --runs, to see all of it"
+                )
             reports.append(json.loads(path.read_text()))
             print(f"run {run + 1}/{args.runs}", file=sys.stderr)
     report = aggregate(reports)

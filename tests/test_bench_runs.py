@@ -79,3 +79,10 @@ def test_runs_in_fresh_processes_end_to_end(genai_model: Path, tmp_path: Path) -
 
 def test_runs_below_one_are_refused(genai_model: Path) -> None:
     assert main(["bench", "-m", str(genai_model), "--contenders", "greedy", "--runs", "0"]) == 2
+
+
+def test_a_failing_run_is_reported_with_what_it_said(genai_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", "-m", str(genai_model), "--contenders", "greedy,la=lookahead", "-n", "4", "--runs", "2"]
+    assert main(args) == 2
+    error = capsys.readouterr().err
+    assert "bench run 1 of 2 failed" in error and "it said: decoctl: error:" in error
