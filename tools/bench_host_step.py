@@ -3,6 +3,7 @@
     .venv/bin/python tools/bench_host_step.py sessions MODEL     # three sessions of MODEL, step time by load order
     DECOCTL_HUGE_PAGES=0 .venv/bin/python tools/bench_host_step.py sessions MODEL    # the same without huge pages
     .venv/bin/python tools/bench_host_step.py fast-path MODEL    # runner through onnxruntime's C++ objects vs wrappers
+    .venv/bin/python tools/bench_host_step.py lengths MODEL      # sequence lengths fed vs the graph's mask subgraph
     .venv/bin/python tools/bench_host_step.py chain MODEL "top_k=40,top_p=0.95,temperature=0.8"   # per processor
     .venv/bin/python tools/bench_host_step.py layers MODEL       # generate() vs a bare Sequence loop vs ort-genai
     .venv/bin/python tools/bench_host_step.py heads TARGET --head HEAD   # an EAGLE head's step, narrowed variants
@@ -61,9 +62,28 @@ def fast_path(model: str, rounds: int) -> None:
     fast = Sequence("target", loaded, max_length=256)
     wrapped = Sequence("target", loaded, max_length=256)
     wrapped._runner._fast._c_binding = None  # the public onnxruntime wrappers, as before the fast path
+    wrapped._runner._fast.run = lambda: loaded.session.run_with_iobinding(wrapped._runner._binding)
     medians = alternate({"C++ objects": lambda: decode_loop(fast), "wrappers": lambda: decode_loop(wrapped)}, rounds)
     for name, value in medians.items():
         print(f"{name}: {value:.1f} us a step")
+
+
+def lengths(model: str, rounds: int) -> None:
+    """A step with GroupQueryAttention's lengths fed (the loader's rewrite) against the graph's own mask subgraph,
+    two sessions of the same model in one process, alternating round by round."""
+    fed = Sequence("target", load_model(model, threads=1), max_length=256)
+    masked = Sequence("target", load_model(model, threads=1, feed_lengths=False), max_length=256)
+    if fed.model.capabilities.fed_lengths is None:
+        raise SystemExit(f"{model}: the loader kept its graph (see the decoctl.mask_subgraph_kept event)")
+    contenders = {"lengths fed": lambda: decode_loop(fed), "mask subgraph": lambda: decode_loop(masked)}
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for index in range(rounds):
+        for name in list(contenders) if index % 2 == 0 else list(contenders)[::-1]:
+            samples[name].append(contenders[name]())
+    for name, values in samples.items():
+        print(f"{name}: {statistics.median(values):.1f} us a step")
+    paired = [m / f for f, m in zip(samples["lengths fed"], samples["mask subgraph"], strict=True)]
+    print(f"mask subgraph / lengths fed, median of paired rounds: {statistics.median(paired):.3f}")
 
 
 def chain(model: str, processors: str, rounds: int) -> None:
@@ -221,7 +241,7 @@ def heads(target: str, head: str, rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("sessions", "fast-path", "chain", "layers", "heads"))
+    parser.add_argument("mode", choices=("sessions", "fast-path", "lengths", "chain", "layers", "heads"))
     parser.add_argument("--head", help="heads: an exported EAGLE head folder")
     parser.add_argument("model")
     parser.add_argument("processors", nargs="?", default="top_k=40,top_p=0.95,temperature=0.8")
@@ -231,6 +251,8 @@ def main() -> None:
         sessions(args.model, args.rounds)
     elif args.mode == "fast-path":
         fast_path(args.model, max(args.rounds, 20))
+    elif args.mode == "lengths":
+        lengths(args.model, max(args.rounds, 30))
     elif args.mode == "heads":
         heads(args.model, args.head, max(args.rounds, 8))
     elif args.mode == "layers":

@@ -75,11 +75,11 @@ class DraftModelDrafter:
         drafts: list[int] = []
         qs: list[np.ndarray] = []
         for index in range(k):
-            processed = host.process(row[None, :], paths=[drafts])
             if self.deterministic:
-                token = int(np.argmax(processed[0]))
+                # the chain's argmax: equal to the processed row's, and free of the row copy where it can be
+                token = int(host.argmax(row[None, :], paths=[drafts])[0])
             else:
-                q = probabilities(processed, self.temperature)[0]
+                q = probabilities(host.process(row[None, :], paths=[drafts]), self.temperature)[0]
                 token = draw(q, host.rng)
                 qs.append(q)
             drafts.append(token)
