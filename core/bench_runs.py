@@ -56,6 +56,9 @@ class RunsResult:
 
 @attrs.frozen(kw_only=True)
 class RunsReport:
+    """The aggregate of ``runs`` single benches; its first six fields repeat a BenchReport's (the JSON stays flat
+    like a single run's)."""
+
     model: str
     baseline: str
     threads: int
