@@ -22,7 +22,7 @@ import numpy as np
 from decoctl.errors import CapabilityError, ConfigError, SequenceError
 from decoctl.model.capabilities import FEATURES
 from decoctl.model.loader import LoadedModel
-from decoctl.model.runner import Runner
+from decoctl.model.runner import Runner, RunOutputs
 from decoctl.model.tree import Tree
 from decoctl.output import Output
 from decoctl.processing import ProcessContext, ProcessorChain
@@ -205,10 +205,9 @@ class Sequence:
 
     def logits(self) -> np.ndarray:
         """float32[n, vocab] of the last forward (host-owned; valid until the next forward or rewind)."""
-        logits = self._logits
-        if logits is None:
+        if self._logits is None:
             raise SequenceError(f"role {self.role!r} has no logits yet: call forward() first")
-        return self._guard(logits) if self._debug else logits
+        return self._guard(self._logits)
 
     def hidden_states(self, kind: str = "final") -> np.ndarray:
         """float32[n, hidden] of the last forward: ``kind`` "final" (the graph's hidden_states output) or
@@ -329,16 +328,21 @@ class Sequence:
         start = self.length
         begin = time.perf_counter()
         outputs = self._runner.run(ids, positions, bias, features)
-        self.stats.seconds += time.perf_counter() - begin
-        self.stats.forwards += 1
-        self.stats.tokens_fed += len(ids)
+        return self._took(start, ids, outputs, begin)
+
+    def _took(self, start: int, ids: Seq[int] | np.ndarray, outputs: RunOutputs, begin: float) -> np.ndarray:
+        """The bookkeeping after a run that fed ``ids`` at ``start`` (begun at ``begin``): stats, tokens, outputs."""
+        stats = self.stats
+        stats.seconds += time.perf_counter() - begin
+        stats.forwards += 1
+        stats.tokens_fed += len(ids)
         self._tokens[start : start + len(ids)] = ids
         self._logits, self._hidden, self._aux = outputs.logits, outputs.hidden, outputs.aux
         self._invalidate(keep_outputs=True)
         return self._guard(outputs.logits)
 
     def _forward_one(self, token: int) -> np.ndarray:
-        """forward((token,)) on the decode path: the checks of _checked_tokens and _run's bookkeeping, inline.
+        """forward((token,)) on the decode path: _checked_tokens' checks inline and the runner's one-token step.
         Anything out of the ordinary (a bad token, a full cache, a pending tree, a features input) takes the
         general path, which raises what it raises there."""
         runner = self._runner
@@ -351,17 +355,10 @@ class Sequence:
             or self.model.capabilities.feature_input is not None
         ):
             return self.forward(np.asarray((token,), np.int64))
-        stats = self.stats
         begin = time.perf_counter()
-        outputs = runner.step(token)
-        stats.seconds += time.perf_counter() - begin
-        stats.forwards += 1
-        stats.tokens_fed += 1
-        self._tokens[start] = token
-        self._logits, self._hidden, self._aux = outputs.logits, outputs.hidden, outputs.aux
-        self._epoch += 1
+        rows = self._took(start, (token,), runner.step(token), begin)
         self._fed = (start, 1, None)
-        return self._guard(outputs.logits) if self._debug else outputs.logits
+        return rows
 
     def _forward_tree(self, ids: np.ndarray, tree: Seq[int] | np.ndarray, features: np.ndarray | None) -> np.ndarray:
         if not self.model.capabilities.tree:

@@ -5,8 +5,8 @@ onnxruntime-genai's builder computes GroupQueryAttention's ``seqlens_k`` (int32[
 Cast, ReduceSum, Sub, Cast) that run on every step. decoctl knows both numbers before a step (it owns the KV
 cache), so ``rewrite()`` removes that subgraph and turns its two results into graph inputs, which the runner binds
 once and refreshes with two integer stores a step. On small models a step is mostly per-node overhead, so this is
-a visible share of it: measured on a 4-layer random Llama (one thread) a step was 6% faster
-(docs/BENCHMARKS.md, "The host's step without the mask subgraph").
+a visible share of it: one thread, a step was 9% faster on a 4-layer random Llama and 13% on the demo draft model
+(docs/BENCHMARKS.md, "Session 7: the host against onnxruntime-genai across fresh processes").
 
 The rewrite is exact: it only fires on the builder's pattern, node for node (attribute and constant values
 checked), where the removed nodes compute exactly the values decoctl feeds for an unpadded sequence of one

@@ -56,7 +56,7 @@ class _FastCalls:
     """
 
     def __init__(self, session: ort.InferenceSession, binding: ort.IOBinding) -> None:
-        self._session, self._binding = session, binding
+        self._binding = binding
         self._c_session = getattr(session, "_sess", None)
         self._c_binding = getattr(binding, "_iobinding", None)
         self._device = ort.OrtDevice.make("cpu", 0)._get_c_device() if self._c_binding is not None else None
@@ -158,12 +158,7 @@ class Runner:
         ids = self._ids
         ids[0, :n] = tokens
         self._bind(spec.input_ids_name, np.int64, (1, n), self._ids_pointer)
-        if caps.fed_lengths is None:
-            self._fast.bind_input(spec.attention_mask_name, np.int64, [1, total], self._mask_pointer)
-        else:
-            lengths = self._lengths
-            lengths[0] = total - 1
-            lengths[1] = total
+        self._feed_length(total)
         if caps.position_ids is not None:
             pos = self._positions
             if positions is None:
@@ -202,18 +197,21 @@ class Runner:
         one = self._one
         if one is None:
             return self.run(np.array((token,), np.int64))
-        kv = self.kv
-        total = kv.length + 1
         self._ids[0, 0] = token
+        self._feed_length(self.kv.length + 1)
+        self._fast.run()
+        self.kv.advance(1)
+        return one
+
+    def _feed_length(self, total: int) -> None:
+        """Tell the graph the sequence is ``total`` tokens long after this run: the attention mask's width, or
+        GroupQueryAttention's two lengths where the loader removed the mask subgraph."""
         if self._masked:
             self._fast.bind_input(self._names.attention_mask_name, np.int64, [1, total], self._mask_pointer)
         else:
             lengths = self._lengths
             lengths[0] = total - 1
             lengths[1] = total
-        self._fast.run()
-        kv.length = total
-        return one
 
     def _bind(self, name: str, dtype: type, shape: tuple[int, ...], pointer: int, *, output: bool = False) -> None:
         """Bind ``name`` to host memory unless it is bound to exactly this pointer and shape already."""
