@@ -176,7 +176,9 @@ class Lookahead:
         if copy:  # pool n-grams that are a prefix of the copy add nothing to the trie: others take their place
             grams.insert(0, copy)
             self.copied += 1
-        if self.degraded:
+        if self.degraded or base == 0:
+            # a tree must follow a cached token (GroupQueryAttention reads a pass with no past as a prompt): when
+            # the pending token is the whole context (a one-token prompt) the first step verifies as a chain
             self._verify_chain(host, base, grams[:1])
             return
         width = self.window if room >= self.levels * self.window + sum(len(g) for g in grams) else 0
