@@ -1,5 +1,5 @@
 /*
- * decoctl.h: the decoctl C ABI, version 1.1.
+ * decoctl.h: the decoctl C ABI, version 1.2 (DECOCTL_ABI_MAJOR.DECOCTL_ABI_MINOR below).
  *
  * A shared library exports ONE data symbol, `decoctl_plugin_entry` (a decoctl_plugin), listing the controllers
  * it provides. For each generation the host calls a controller's create() with a host table (decoctl_host): the
@@ -13,9 +13,13 @@
  * - Fixed-width integers; token ids are int64_t; strings are NUL-terminated UTF-8; no enums, no bitfields,
  *   no varargs.
  * - Status codes are int32_t: DECOCTL_OK (0) or a negative DECOCTL_ERR_*. Functions that return a count or a
- *   flag return it directly when >= 0 and a negative status on error.
+ *   flag return it directly when >= 0 and a negative status on error. A positive value is no status: a plugin's
+ *   create, step or reset that returns one breaks the contract, and the host raises ControllerError ("an invalid
+ *   status") naming the controller, the function and the value.
  * - Ownership is stated next to every pointer: "host-owned" memory is never freed or written by the plugin;
- *   "plugin-owned" memory is never freed or written by the host.
+ *   "plugin-owned" memory is never freed or written by the host. In debug mode (DECOCTL_DEBUG=1) the host fills
+ *   the logits and hidden-state rows of a role with NaN once their lifetime ends (the next forward,
+ *   forward_tree, forward_features, keep or rewind on that role), so a pointer kept too long reads NaN.
  * - Threads. [controller-thread]: the host serializes every call on one controller instance (create, step,
  *   reset, stats_json, last_error, destroy); different instances may run at the same time on different
  *   threads, so a plugin keeps its mutable data in its state, not in globals. Host functions may only be

@@ -29,7 +29,7 @@ import attrs
 import numpy as np
 import structlog
 
-from decoctl.errors import AbiError, CapabilityError, ConfigError, PluginError, SequenceError
+from decoctl.errors import AbiError, CapabilityError, ConfigError, ControllerError, PluginError, SequenceError
 from decoctl.host import Host, Sequence
 from decoctl.specs import ControllerSpec, Option, normalise_name
 
@@ -203,11 +203,22 @@ class Library:
     controllers: Mapping[str, ControllerEntry]
     handle: Any = attrs.field(repr=False)
 
-    def controller(self, name: str) -> ControllerEntry:
+    def controller(self, name: str | None = None) -> ControllerEntry:
+        """The controller called ``name``; None: the library's only controller (PluginError if it has several)."""
+        entries = list(self.controllers.values())
+        names = ", ".join(e.name for e in entries)
+        if name is None:
+            if len(entries) != 1:
+                raise PluginError(
+                    f"{self.path} provides {len(entries)} controllers ({names}): pick one with {self.path}:NAME, "
+                    f"e.g. {self.path}:{entries[0].name}"
+                )
+            return entries[0]
         entry = self.controllers.get(normalise_name(name))
         if entry is None:
-            names = ", ".join(e.name for e in self.controllers.values())
-            raise PluginError(f"{self.path} has no controller named {name!r} (it provides: {names})")
+            raise PluginError(
+                f"{self.path} has no controller named {name!r} (it provides: {names}): pick one with {self.path}:NAME"
+            )
         return entry
 
 
@@ -288,9 +299,10 @@ def _read_entry(path: Path, handle: Any) -> Library:
 # -- specs and factories ------------------------------------------------------------------------------------------
 
 
-def library_controller_spec(path: Path, symbol: str) -> ControllerSpec:
-    """The ControllerSpec of controller ``symbol`` in the library at ``path``, with its roles, summary and
-    option schema read from the library. Plugin distributions may return it from ``decoctl_controllers()``."""
+def library_controller_spec(path: Path, symbol: str | None = None) -> ControllerSpec:
+    """The ControllerSpec of controller ``symbol`` in the library at ``path`` (None: its only controller), with
+    its roles, summary and option schema read from the library. Plugin distributions may return it from
+    ``decoctl_controllers()``."""
     entry = load_library(path).controller(symbol)
     return ControllerSpec(
         name=entry.name,
@@ -371,7 +383,8 @@ class _Instance:
         self.mirror_all()
 
     def call(self, what: str, function: Any, *args: Any, out_state: Any = None) -> int:
-        """Call one of the controller's functions; raise what a callback raised, or AbiError on a bad status.
+        """Call one of the controller's status-returning functions (create, step, reset); raise what a callback
+        raised, AbiError on an error status, ControllerError on a positive one (no status the ABI defines).
 
         ``out_state``: create's ``void **``, read before the error checks so that last_error sees the state."""
         stack = _active()
@@ -397,6 +410,13 @@ class _Instance:
         if status < 0:
             message = self.last_error() or "no message (its last_error returned NULL)"
             raise AbiError(f"{self.entry.label} {what} failed with status {status} ({_status_name(status)}): {message}")
+        if status > 0:
+            message = self.last_error()
+            raise ControllerError(
+                f"{self.entry.label} {what} returned {status}, an invalid status: return DECOCTL_OK (0) on success "
+                "or a negative DECOCTL_ERR_* on failure (abi/decoctl.h)"
+                + (f"; its last_error: {message}" if message else "")
+            )
         return status
 
     def last_error(self) -> str | None:

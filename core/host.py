@@ -5,13 +5,15 @@ Per generation (the Host): commit, done, is_eos, max_length, remaining, process,
 
 Buffers handed out (logits, hidden states) are host-owned views, valid until the next forward or rewind of
 the same role. With ``debug=True`` (or DECOCTL_DEBUG=1) a stale view raises on use instead of silently
-showing newer data.
+showing newer data, and every forward's outputs are a fresh copy that is filled with NaN when the role moves on,
+so a raw pointer kept past its lifetime (a C controller's, or a view that escaped the guard) reads NaN.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -32,6 +34,9 @@ __all__ = ["Host", "Sequence", "SequenceStats", "debug_default"]
 #: the paths of a single row at the next position (no drafted tokens before it), shared by every such context
 _NEXT_ONLY: tuple[tuple[int, ...], ...] = ((),)
 TREE_TRANSFORM_HINT = "run `decoctl models enable-tree SRC DST` to add position_ids and attention_bias inputs"
+#: debug mode: how many bytes of retired (NaN-filled) output buffers a role keeps alive, so that a stale pointer
+#: reads NaN instead of memory the allocator handed to something else; the last retired set is always kept
+RETIRED_BYTES = 64 << 20
 
 
 def role_flag(role: str) -> str:
@@ -107,6 +112,9 @@ class Sequence:
         #: cover every token fed since the first of them.
         self._fed: tuple[int, int, Tree | None] | None = None
         self._debug = debug_default() if debug is None else debug
+        #: debug mode: the outputs of earlier forwards, NaN-filled, newest last (see _retire)
+        self._retired: deque[tuple[np.ndarray, ...]] = deque()
+        self._retired_bytes = 0
         self.stats = SequenceStats()
 
     # -- queries ----------------------------------------------------------------------------------------
@@ -337,9 +345,17 @@ class Sequence:
         stats.forwards += 1
         stats.tokens_fed += len(ids)
         self._tokens[start : start + len(ids)] = ids
-        self._logits, self._hidden, self._aux = outputs.logits, outputs.hidden, outputs.aux
+        logits, hidden, aux = outputs.logits, outputs.hidden, outputs.aux
+        if self._debug:
+            # the runner writes every run into the same buffers, where a kept pointer would read this run's
+            # values: hand out copies instead, and poison the previous ones
+            self._retire()
+            logits = logits.copy()
+            hidden = None if hidden is None else hidden.copy()
+            aux = None if aux is None else aux.copy()
+        self._logits, self._hidden, self._aux = logits, hidden, aux
         self._invalidate(keep_outputs=True)
-        return self._guard(outputs.logits)
+        return self._guard(logits)
 
     def _forward_one(self, token: int) -> np.ndarray:
         """forward((token,)) on the decode path: _checked_tokens' checks inline and the runner's one-token step.
@@ -396,7 +412,22 @@ class Sequence:
         self._epoch += 1
         self._fed = None
         if not keep_outputs:
+            if self._debug:
+                self._retire()
             self._logits = self._hidden = self._aux = None
+
+    def _retire(self) -> None:
+        """Debug mode: fill the current outputs (copies only this role hands out) with NaN and keep them alive a
+        while, so that whatever still points at them reads NaN rather than plausible numbers."""
+        retired = tuple(a for a in (self._logits, self._hidden, self._aux) if a is not None)
+        if not retired:
+            return
+        for array in retired:
+            array.fill(np.nan)
+        self._retired.append(retired)
+        self._retired_bytes += sum(a.nbytes for a in retired)
+        while len(self._retired) > 1 and self._retired_bytes > RETIRED_BYTES:
+            self._retired_bytes -= sum(a.nbytes for a in self._retired.popleft())
 
     def _guard(self, array: np.ndarray) -> np.ndarray:
         if not self._debug:

@@ -60,16 +60,19 @@ def resolve_model(reference: str | Path | None, registry: PluginRegistry) -> tup
 
 
 def resolve_controller(reference: str, registry: PluginRegistry) -> ControllerSpec:
-    """A registered name, ``path/to/file.py:Class``, ``package.module:Class`` or ``lib.so:name``."""
+    """A registered name, ``path/to/file.py:Class``, ``package.module:Class``, ``lib.so:name`` or ``lib.so`` (the
+    library's controller, when it provides exactly one)."""
     controllers = registry.controllers()
     spec = controllers.get(normalise_name(reference))
     if spec is not None:
         return spec
+    if reference.endswith(LIBRARY_SUFFIXES):
+        return _library_controller(Path(reference), None)
     if ":" not in reference:
         names = ", ".join(sorted(controllers))
         raise PluginError(
             f"unknown controller {reference!r} (installed: {names}): install the plugin that provides it, or "
-            "give file.py:Class, package.module:Class or library.so:name"
+            "give file.py:Class, package.module:Class, library.so:name or library.so"
         )
     location, _, attribute = reference.rpartition(":")
     if location.endswith(LIBRARY_SUFFIXES):
@@ -77,7 +80,9 @@ def resolve_controller(reference: str, registry: PluginRegistry) -> ControllerSp
     return _python_controller(reference, location, attribute)
 
 
-def _library_controller(path: Path, symbol: str) -> ControllerSpec:
+def _library_controller(path: Path, symbol: str | None) -> ControllerSpec:
+    """The controller ``symbol`` of the library at ``path``; None: its only one (PluginError listing the names
+    when it provides several)."""
     if not path.is_file():
         raise PluginError(f"shared library {path} does not exist: build it (see examples/c_controller) or fix the path")
     try:

@@ -220,6 +220,35 @@ def test_forward_features_refusals_cross_as_their_python_errors(
     assert f"forward_features returned {status}" in " ".join(cause.__notes__)
 
 
+def test_a_positive_status_from_step_is_an_invalid_status_not_success(
+    genai_model: Path, misbehave: Path, registry: PluginRegistry
+) -> None:
+    error = failure(genai_model, f"{misbehave}:positive_step", registry)
+    cause = error.__cause__
+    assert isinstance(cause, ControllerError)
+    assert f"C controller 'positive_step' ({misbehave}) step returned 1, an invalid status" in str(cause)
+    assert error.tokens == list(generate(genai_model, "greedy", registry, n=1).tokens)  # its one commit is kept
+
+
+def test_a_positive_status_from_create_is_an_invalid_status(
+    genai_model: Path, misbehave: Path, registry: PluginRegistry
+) -> None:
+    error = failure(genai_model, f"{misbehave}:positive_create", registry)
+    assert isinstance(error.__cause__, ControllerError)
+    assert "'positive_create'" in str(error.__cause__)
+    assert "create returned 7, an invalid status" in str(error.__cause__)
+    assert error.tokens == []
+
+
+def test_a_positive_status_from_reset_is_an_invalid_status(genai_model: Path, misbehave: Path) -> None:
+    controller = library_factory(library_controller_spec(misbehave, "positive_reset"))({})
+    abandoned = make_host(genai_model, 16)
+    controller.start(abandoned)
+    controller.step(abandoned)
+    with pytest.raises(ControllerError, match=r"'positive_reset' .* reset returned 3, an invalid status"):
+        controller.start(make_host(genai_model, 2))  # the library has reset: the host calls it, not create
+
+
 def test_a_step_that_commits_nothing_is_stopped(genai_model: Path, misbehave: Path, registry: PluginRegistry) -> None:
     error = failure(genai_model, f"{misbehave}:stalls", registry)
     assert isinstance(error.__cause__, ControllerError)
@@ -366,6 +395,27 @@ def test_a_file_that_is_no_shared_library_is_an_abi_error(tmp_path: Path) -> Non
 def test_an_unknown_controller_name_lists_what_the_library_provides(misbehave: Path) -> None:
     with pytest.raises(PluginError, match=r"no controller named 'nope' .*probe_all, process_probe"):
         library_controller_spec(misbehave, "nope")
+
+
+def test_a_library_without_a_name_gives_its_only_controller(
+    genai_model: Path, c_examples: dict[str, Path], registry: PluginRegistry
+) -> None:
+    library = c_examples["greedy"]
+    assert library_controller_spec(library).name == "greedy"
+    result = generate(genai_model, str(library), registry, n=6)
+    assert result.tokens == generate(genai_model, "greedy", registry, n=6).tokens
+    assert result.stats.trace["controller"] == "greedy"
+
+
+def test_a_library_of_several_controllers_without_a_name_lists_them(
+    genai_model: Path, misbehave: Path, registry: PluginRegistry
+) -> None:
+    count = len(load_library(misbehave).controllers)
+    pattern = rf"provides {count} controllers \(probe_all, process_probe, .*, positive_reset\): pick one with .*:NAME"
+    with pytest.raises(PluginError, match=pattern):
+        library_controller_spec(misbehave)
+    with pytest.raises(PluginError, match=pattern):
+        Generator({"target": genai_model}, str(misbehave), registry=registry)
 
 
 @pytest.mark.parametrize(

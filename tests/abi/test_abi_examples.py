@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,7 @@ import numpy as np
 import pytest
 
 from decoctl import ConfigError, ControllerSpec, GenerationResult, Generator, ProcessContext, ProcessorSpec, hookimpl
-from decoctl.abi import library_controller_spec
+from decoctl.abi import ABI_MAJOR, ABI_MINOR, library_controller_spec
 from decoctl.cli import main
 from decoctl.plugins import PluginRegistry
 
@@ -184,6 +187,66 @@ def test_cli_generates_with_a_library_controller_by_path(
     out, err = capsys.readouterr()
     assert out == expected + "\n"
     assert "controller: greedy" in err
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The installed ``decoctl`` command in a fresh process (normal mode, whatever the tests run in)."""
+    command = [str(Path(sys.executable).with_name("decoctl")), *args]
+    env = {k: v for k, v in os.environ.items() if k != "DECOCTL_DEBUG"}
+    return subprocess.run(command, capture_output=True, text=True, check=False, env=env, timeout=300)
+
+
+def test_cli_takes_a_librarys_only_controller_without_a_name(
+    genai_model: Path, c_examples: dict[str, Path], registry: PluginRegistry
+) -> None:
+    expected = generate(genai_model, "greedy", registry, n=8).text
+    done = run_cli(
+        "generate",
+        PROMPT,
+        "-m",
+        str(genai_model),
+        "-c",
+        str(c_examples["greedy"]),
+        "-n",
+        "8",
+        "--threads",
+        "1",
+        "--no-stream",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == expected + "\n"
+    assert "controller: greedy" in done.stderr
+
+
+def test_cli_refuses_a_library_of_several_controllers_without_a_name_and_lists_them(
+    genai_model: Path, misbehave: Path
+) -> None:
+    done = run_cli("generate", PROMPT, "-m", str(genai_model), "-c", str(misbehave), "-n", "4")
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"decoctl: error: {misbehave} provides ")
+    assert "(probe_all, process_probe, " in done.stderr
+    assert f"pick one with {misbehave}:NAME" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_reports_a_positive_step_status_as_an_invalid_status(genai_model: Path, misbehave: Path) -> None:
+    done = run_cli("generate", PROMPT, "-m", str(genai_model), "-c", f"{misbehave}:positive_step", "-n", "4")
+    assert done.returncode == 2
+    assert "decoctl: error: " in done.stderr
+    assert f"C controller 'positive_step' ({misbehave}) step returned 1, an invalid status" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_header_abi_md_and_the_host_state_one_abi_version() -> None:
+    header = (EXAMPLES.parents[1] / "abi" / "decoctl.h").read_text(encoding="utf-8")
+    major = re.search(r"#define DECOCTL_ABI_MAJOR (\d+)", header)
+    minor = re.search(r"#define DECOCTL_ABI_MINOR (\d+)", header)
+    assert major and minor
+    version = f"{major[1]}.{minor[1]}"
+    assert f"the decoctl C ABI, version {version} " in header.splitlines()[1]
+    abi_md = (EXAMPLES.parents[1] / "abi" / "ABI.md").read_text(encoding="utf-8")
+    assert abi_md.splitlines()[0] == f"# The decoctl C ABI ({version})"
+    assert f"{ABI_MAJOR}.{ABI_MINOR}" == version
 
 
 def test_the_example_makefile_builds_both_libraries(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@
  *   -DNULL_STEP         a controller whose required step is NULL
  * Without a flag it exports every controller below, all of them well-formed.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,10 @@ typedef struct probe {
     const decoctl_host *host;
     decoctl_role *target;
     int64_t steps;
+    const float *kept_logits; /* stale_rows: a logits row and a hidden-state row kept past their lifetime */
+    const float *kept_hidden;
+    int64_t kept_logits_width;
+    int64_t kept_hidden_width;
     char error[512];
     char stats[1024];
 } probe;
@@ -241,6 +246,55 @@ static int32_t features_on_target_step(void *state) {
     return status < 0 ? fail(p, status, "forward_features") : greedy_once(p);
 }
 
+/* stale_rows: keeps pointers to the last logits row and hidden-state row of its first step and reads them in its
+ * second, after the forward that ended their lifetime (the bug debug mode makes visible): stats count the NaNs. */
+static int32_t stale_rows_step(void *state) {
+    probe *p = state;
+    const decoctl_host *h = p->host;
+    decoctl_rows logits = DECOCTL_ROWS_INIT, hidden = DECOCTL_ROWS_INIT;
+    int32_t status;
+    if ((status = h->logits(h->host_data, p->target, &logits)) < 0) return fail(p, status, "logits");
+    if (p->steps++ == 0) {
+        if ((status = h->hidden_states(h->host_data, p->target, NULL, &hidden)) < 0) return fail(p, status, "hidden");
+        p->kept_logits = logits.data + (logits.n - 1) * logits.width;
+        p->kept_logits_width = logits.width;
+        p->kept_hidden = hidden.data + (hidden.n - 1) * hidden.width;
+        p->kept_hidden_width = hidden.width;
+        return greedy_once(p); /* its forward ends the kept rows' lifetime */
+    }
+    if (p->steps == 2) {
+        int64_t nan_logits = 0, nan_hidden = 0;
+        for (int64_t i = 0; i < p->kept_logits_width; i++) nan_logits += isnan(p->kept_logits[i]) != 0;
+        for (int64_t i = 0; i < p->kept_hidden_width; i++) nan_hidden += isnan(p->kept_hidden[i]) != 0;
+        int64_t nan_current = 0;
+        for (int64_t i = 0; i < logits.n * logits.width; i++) nan_current += isnan(logits.data[i]) != 0;
+        snprintf(p->stats, sizeof(p->stats),
+                 "{\"logits_width\": %lld, \"nan_logits\": %lld, \"hidden_width\": %lld, \"nan_hidden\": %lld, "
+                 "\"nan_current\": %lld}",
+                 (long long)p->kept_logits_width, (long long)nan_logits, (long long)p->kept_hidden_width,
+                 (long long)nan_hidden, (long long)nan_current);
+    }
+    return greedy_once(p);
+}
+
+/* positive_step: commits one token per step, then returns 1, which is no status (0 ok, < 0 error). */
+static int32_t positive_step_step(void *state) {
+    int32_t status = greedy_once(state);
+    return status < 0 ? status : 1;
+}
+
+/* positive_create: creates its state, then returns 7. */
+static int32_t positive_create_create(const decoctl_host *host, const char *config_json, void **out_state) {
+    int32_t status = probe_create(host, config_json, out_state);
+    return status < 0 ? status : 7;
+}
+
+/* positive_reset: a working greedy whose reset returns 3. */
+static int32_t positive_reset_reset(void *state) {
+    ((probe *)state)->steps = 0;
+    return 3;
+}
+
 /* small_rows: hands the host a decoctl_rows whose struct_size is too small. */
 static int32_t small_rows_step(void *state) {
     probe *p = state;
@@ -319,6 +373,10 @@ CONTROLLER(calls_host_in_destroy, probe_step, .destroy = calls_host_in_destroy_d
 CONTROLLER(features_probe, features_probe_step, .roles = "target,eagle")
 CONTROLLER(features_wrong_width, features_wrong_width_step, .roles = "target,eagle")
 CONTROLLER(features_on_target, features_on_target_step)
+CONTROLLER(stale_rows, stale_rows_step)
+CONTROLLER(positive_step, positive_step_step)
+CONTROLLER(positive_create, probe_step, .create = positive_create_create)
+CONTROLLER(positive_reset, probe_step, .reset = positive_reset_reset)
 
 #if defined(SMALL_CONTROLLER)
 static decoctl_controller small_controller = {.struct_size = 8, .name = "small"};
@@ -335,7 +393,7 @@ static const decoctl_controller null_step = {.struct_size = sizeof(decoctl_contr
 static const decoctl_controller *const controllers[] = {
     FIRST &probe_all, &process_probe, &fails, &stalls, &bad_commit, &overflow, &ignores_error, &tree,
     &small_rows, &unknown_role, &create_fails, &echo_config, &calls_host_in_destroy, &features_probe,
-    &features_wrong_width, &features_on_target,
+    &features_wrong_width, &features_on_target, &stale_rows, &positive_step, &positive_create, &positive_reset,
 };
 
 #if defined(NO_ENTRY)
