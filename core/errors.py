@@ -9,6 +9,7 @@ __all__ = [
     "ControllerError",
     "DecoctlError",
     "GenerationError",
+    "GeneratorInUseError",
     "ModelLoadError",
     "PluginError",
     "SequenceError",
@@ -45,6 +46,11 @@ class AbiError(DecoctlError):
 
 class ControllerError(DecoctlError):
     """A controller broke the decode contract (for example a step that made no progress)."""
+
+
+class GeneratorInUseError(DecoctlError):
+    """A Generator was asked for a generation while another one held its models: from another thread at the same
+    time, or an unfinished stream resumed after a newer generation on the same Generator had taken them over."""
 
 
 class GenerationError(DecoctlError):

@@ -8,6 +8,7 @@ for piece in gen.stream("import os"):
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -18,7 +19,14 @@ import numpy as np
 import structlog
 
 from decoctl.controllers import Controller
-from decoctl.errors import CapabilityError, ConfigError, ControllerError, DecoctlError, GenerationError
+from decoctl.errors import (
+    CapabilityError,
+    ConfigError,
+    ControllerError,
+    DecoctlError,
+    GenerationError,
+    GeneratorInUseError,
+)
 from decoctl.host import TREE_TRANSFORM_HINT, Host, Sequence, role_flag
 from decoctl.model.capabilities import FEATURES
 from decoctl.model.loader import LoadedModel, load_model
@@ -33,6 +41,18 @@ __all__ = ["GenerationResult", "GenerationStats", "Generator", "generate", "stre
 log = structlog.get_logger(__name__)
 
 MIN_KV_LENGTH = 256
+
+BUSY = (
+    "Generator is already running a generation in another thread: use one Generator per thread (they can share "
+    "models: Generator({'target': other.models['target']}))"
+)
+SUPERSEDED = (
+    "this stream's generation was ended by a newer generation on the same Generator, which took its models over: "
+    "finish (or close) a stream before starting another generation on its Generator, or give each stream its own "
+    "Generator (they can share models: Generator({'target': other.models['target']}))"
+)
+#: what next() on a generation's steps gives once it has ended
+_ENDED = object()
 
 #: how a model gains each capability a controller may require
 CAPABILITY_FIXES = {
@@ -52,7 +72,10 @@ CAPABILITY_FIXES = {
 class GenerationStats:
     """What one generation did.
 
-    ``tokens_per_second`` counts new tokens over decode time (after the prompt). ``forwards`` /
+    ``stop_reason``: "eos", "max_new_tokens", "max_length" or "stop_string" when the generation ended by its stop
+    rules; "error" (a GenerationError), "interrupted" (KeyboardInterrupt or SystemExit), "closed" (its stream was
+    closed or let go of before its end) or "superseded" (a newer generation took its unfinished stream's models)
+    when it did not. ``tokens_per_second`` counts new tokens over decode time (after the prompt). ``forwards`` /
     ``tokens_fed`` / ``onnx_seconds`` are per role, decode only; ``tokens_per_target_forward`` is new tokens
     over decode-time target forwards. ``trace``: controller, plugin, roles, processors, degraded modes and
     whatever the controller recorded in ``host.trace``.
@@ -95,6 +118,16 @@ class _Run:
 class Generator:
     """Loads models once and runs generations with one controller and one processor chain.
 
+    One generation at a time: a Generator holds one KV cache per role, which its generations reuse. A generation
+    started from another thread while one runs raises GeneratorInUseError at once (use one Generator per thread;
+    Generators can share models, ``Generator({"target": other.models["target"]})``: each keeps its own KV caches,
+    and onnxruntime runs a shared session from several threads at once). A stream is a generation that runs while
+    it is read: starting another generation before a stream is exhausted ends that stream's generation, and the
+    stream raises GeneratorInUseError on its next item, never another generation's text.
+
+    ``last`` is the GenerationResult of the latest generation that ended, also one that did not finish: after a
+    KeyboardInterrupt it holds the text and tokens committed so far (``stats.stop_reason == "interrupted"``).
+
     :param models: role -> registered model name, folder path, or a LoadedModel another Generator opened (its
         session is shared; this Generator keeps its own KV caches). ``{"target": ...}`` at least; a missing
         target takes the default model.
@@ -132,6 +165,10 @@ class Generator:
         self.roles = self.spec.active_roles(self.options)
         self.models = self._load_roles(dict(models or {}), threads)
         self._sequences: dict[str, Sequence] = {}
+        #: held while a generation runs: a whole generate(), a stream's start and each of its steps
+        self._lock = threading.Lock()
+        #: the generation whose state the KV caches hold (an unfinished stream's between its items), or None
+        self._active: _Run | None = None
 
     # -- set-up -----------------------------------------------------------------------------------------
     def _load_roles(
@@ -209,15 +246,45 @@ class Generator:
         stop: tuple[str, ...] | list[str] = (),
         seed: int | None = 0,
     ) -> Iterator[str]:
-        """Yield text pieces as they are committed. ``self.last`` holds the GenerationResult afterwards."""
+        """Yield text pieces as they are committed. ``self.last`` holds the GenerationResult afterwards.
+
+        The generation starts at the first item and runs while the stream is read. On a GenerationError the stream
+        first yields what it has not yet given of the error's ``text`` (the pieces always join to it), then raises.
+        A newer generation on this Generator before the stream's end takes the models over: this stream then raises
+        GeneratorInUseError on its next item. Closing the stream early (or letting go of it) ends its generation
+        (``stop_reason`` "closed").
+        """
         pieces: list[str] = []
-        run = self._begin(prompt, max_new_tokens, stop, seed, lambda _tokens, text: pieces.append(text))
-        for _ in self._steps(run, prompt):
-            if pieces:
-                yield "".join(pieces)
-                pieces.clear()
-        if pieces:
-            yield "".join(pieces)
+        self._acquire()
+        try:
+            run = self._begin(prompt, max_new_tokens, stop, seed, lambda _tokens, text: pieces.append(text))
+        finally:
+            self._lock.release()
+        steps = self._steps(run, prompt)
+        given = 0  # characters of the text yielded so far
+        try:
+            while True:
+                self._acquire()
+                try:
+                    if self._active is not run:
+                        raise GeneratorInUseError(SUPERSEDED)
+                    ended = next(steps, _ENDED) is _ENDED
+                finally:
+                    self._lock.release()
+                if pieces:
+                    piece = "".join(pieces)
+                    pieces.clear()
+                    given += len(piece)
+                    yield piece
+                if ended:
+                    return
+        except GenerationError as exc:
+            if exc.text[given:]:  # what the failing step committed, and text held back for a stop string
+                yield exc.text[given:]
+            raise
+        except GeneratorExit:
+            self._close(run)
+            raise
 
     def generate(
         self,
@@ -228,10 +295,32 @@ class Generator:
         seed: int | None = 0,
     ) -> GenerationResult:
         """Run one generation to its end and return its text, tokens and stats. Nothing streams, so the text is
-        decoded once at the end (unless stop strings or commit observers need it as it grows)."""
-        for _ in self._steps(self._begin(prompt, max_new_tokens, stop, seed, None), prompt):
-            pass
+        decoded once at the end (unless stop strings or commit observers need it as it grows).
+
+        An error inside raises GenerationError, which keeps the text so far; a KeyboardInterrupt propagates as it
+        is, after the end hook, with the text so far in ``self.last``."""
+        self._acquire()
+        try:
+            for _ in self._steps(self._begin(prompt, max_new_tokens, stop, seed, None), prompt):
+                pass
+        finally:
+            self._lock.release()
         return self.last
+
+    def _acquire(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            raise GeneratorInUseError(BUSY)
+
+    def _close(self, run: _Run) -> None:
+        """End a stream's generation that its reader closed or let go of before its end."""
+        # a stream let go of is closed by the garbage collector, at any time and in any thread: never wait here
+        if not self._lock.acquire(blocking=False):
+            return  # another generation is starting, and ends this one as it takes the models over
+        try:
+            if self._active is run:
+                self._unfinished(run, "closed", None)
+        finally:
+            self._lock.release()
 
     def _steps(self, run: _Run, prompt: str) -> Iterator[None]:
         """Step ``run`` to its end, pausing after every step; ``self.last`` holds its result at the end. An error
@@ -250,18 +339,29 @@ class Generator:
                         "every step must commit at least one token"
                     )
                 yield
+        except GeneratorExit:  # the stream that reads these steps was closed: it ends the generation
+            raise
         except BaseException as exc:
             self._fail(run, prompt, exc)
             raise
         self.last = self._finish(run)
 
     def _begin(self, prompt: str, max_new_tokens: int, stop: Any, seed: int | None, sink: Any | None) -> _Run:
+        """Start a generation (with the lock held): check the arguments, take the models over from an unfinished
+        stream, prefill, start the controller."""
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens={max_new_tokens} must be at least 1")
         if isinstance(stop, str):
             stop = (stop,)
         if any(not s for s in stop):
             raise ConfigError("an empty stop string would stop at once: remove it")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0):
+            raise ConfigError(
+                f"seed={seed!r} is not a valid seed: give a whole number from 0 up (or None for a different random "
+                "draw every generation)"
+            )
+        if self._active is not None:
+            self._unfinished(self._active, "superseded", None)
         started = time.perf_counter()
         target_model = self.models["target"]
         ids = np.asarray(target_model.tokenizer.encode(prompt), np.int64)
@@ -295,6 +395,7 @@ class Generator:
         host.prefill_chunk = self.prefill_chunk
         controller = self._make_controller()
         run = _Run(host, output, controller, started)
+        self._active = run
         self.registry.notify_start(
             prompt=prompt, controller=self.spec.name, roles={r: m.name for r, m in self.models.items()}
         )
@@ -354,25 +455,44 @@ class Generator:
         )
 
     def _finish(self, run: _Run) -> GenerationResult:
+        self._active = None
         stats = self._stats(run)
         self.registry.notify_end(stats=stats, error=None)
         log.debug("decoctl.generation_end", new_tokens=stats.new_tokens, stop_reason=stats.stop_reason)
         return GenerationResult(text=run.output.text, tokens=tuple(run.output.tokens), stats=stats)
 
     def _fail(self, run: _Run, prompt: str, exc: BaseException) -> None:
-        """Turn an error inside a generation into a GenerationError that keeps the text so far."""
-        if isinstance(exc, GenerationError) or not isinstance(exc, Exception):
+        """End a generation that raised: an error becomes a GenerationError that keeps the text so far; an
+        interrupt (KeyboardInterrupt, SystemExit) propagates as it is, with the text so far in ``self.last``."""
+        if self._active is not run:
             return
-        stats = self._stats(run)
-        self.registry.notify_end(stats=stats, error=exc)
+        if isinstance(exc, GenerationError):  # another generation's, raised inside this one: it keeps its own text
+            self._unfinished(run, "error", exc)
+            return
+        if not isinstance(exc, Exception):
+            # an interrupt may land between a forward and its bookkeeping (or a buffer and its binding): the next
+            # generation starts on fresh KV caches
+            self._sequences.clear()
+            self._unfinished(run, "interrupted", exc)
+            return
+        result = self._unfinished(run, "error", exc)
         log.warning("decoctl.generation_failed", controller=self.spec.name, error=str(exc))
         detail = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DecoctlError) else str(exc)
         raise GenerationError(
-            f"controller {self.spec.name!r} failed after {len(run.output.tokens)} token(s): {detail}",
-            text=run.output.text,
-            tokens=list(run.output.tokens),
-            stats=stats,
+            f"controller {self.spec.name!r} failed after {len(result.tokens)} token(s): {detail}",
+            text=result.text,
+            tokens=list(result.tokens),
+            stats=result.stats,
         ) from exc
+
+    def _unfinished(self, run: _Run, reason: str, error: BaseException | None) -> GenerationResult:
+        """End ``run`` before its stop rules did: ``self.last`` becomes what it committed (stop_reason ``reason``),
+        the end hook sees it with ``error``, and the models are free for the next generation."""
+        self._active = None
+        stats = attrs.evolve(self._stats(run), stop_reason=reason)
+        self.last = GenerationResult(text=run.output.text, tokens=tuple(run.output.tokens), stats=stats)
+        self.registry.notify_end(stats=stats, error=error)
+        return self.last
 
 
 def generate(

@@ -6,6 +6,8 @@ target's KV cache is empty and the whole context is the pending token, so the fi
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +120,17 @@ def test_degraded_lookahead_on_a_short_prompt_gives_greedys_tokens(
         {"target": genai_model}, "lookahead", options={"allow_degraded": True}, registry=plugins, threads=1
     )
     assert lookahead.generate(prompt, max_new_tokens=12).tokens == expected.tokens
+
+
+@pytest.mark.demo
+@pytest.mark.parametrize("controller", ["lookahead", "speculative", "eagle", "eagle -o drafting=tree"])
+def test_the_cli_generates_greedys_text_from_a_one_character_prompt_on_the_demo_model(controller: str) -> None:
+    decoctl = Path(sys.executable).with_name("decoctl")
+
+    def generate(*options: str) -> str:
+        command = [str(decoctl), "generate", "x", "-n", "24", "--stats", "none", *options]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert generate("-c", *controller.split()) == generate("-c", "greedy")
