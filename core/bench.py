@@ -42,7 +42,7 @@ from decoctl.model import huge_pages
 from decoctl.model.loader import default_threads
 from decoctl.plugins import PluginRegistry
 from decoctl.resolve import resolve_model
-from decoctl.specs import parse_options
+from decoctl.specs import normalise_name, parse_options
 
 __all__ = [
     "BenchReport",
@@ -50,8 +50,10 @@ __all__ = [
     "Difference",
     "add_bench_parser",
     "build_contenders",
+    "bundle_roles",
     "difference_message",
     "first_difference",
+    "load_prompts",
     "parse_contenders",
     "run_bench",
 ]
@@ -170,17 +172,41 @@ def resident_mb() -> float:
 
 
 def load_prompts(path: str | None) -> list[str]:
+    """The bench's prompts: the built-in ones, or a JSONL file's (one ``{"prompt": "..."}`` per line)."""
     if path is None:
         return list(DEFAULT_PROMPTS)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f'--prompts {path}: no such file: give a JSONL file with one {{"prompt": ...}} per line'
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(f"--prompts {path}: cannot read it ({exc.strerror}): give a readable JSONL file") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"--prompts {path} is not UTF-8 text (byte {exc.start}: {exc.reason}): save it as UTF-8"
+        ) from exc
     prompts = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-            prompts.append(str(record["prompt"]))
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ConfigError(f"{path}:{number}: each line must be a JSON object with a 'prompt' ({exc})") from exc
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{path}:{number}: not JSON ({exc.msg}): each line must be a JSON object with a 'prompt'"
+            ) from exc
+        if not isinstance(record, dict) or "prompt" not in record:
+            raise ConfigError(
+                f"{path}:{number}: each line must be a JSON object with a 'prompt', not {line.strip()[:40]}"
+            )
+        if not isinstance(record["prompt"], str):
+            raise ConfigError(
+                f"{path}:{number}: the prompt must be a JSON string, not {json.dumps(record['prompt'])[:40]}: "
+                'quote it ("prompt": "...")'
+            )
+        prompts.append(record["prompt"])
     if not prompts:
         raise ConfigError(f'{path} holds no prompts: one {{"prompt": ...}} per line')
     return prompts
@@ -194,14 +220,15 @@ def build_contenders(
     threads: int,
     registry: PluginRegistry,
 ) -> list[tuple[str, Contender]]:
+    roles = {**bundle_roles(model, registry), **roles}
     contenders: list[tuple[str, Contender]] = []
     loaded: dict[str | None, Any] = {}
     opened: dict[tuple[str, str | None], Any] = {}
     for spec in specs:
         contender: Contender
         if spec.name in ("raw-ort", "ort-genai", *ORT_GENAI_SPECULATIVE):
-            # model=PATH: the same weights in a folder these loops can run (a tree-enabled model's extra inputs
-            # are unknown to onnxruntime-genai and to the raw loop); the contender's label shows it
+            # model=PATH: another folder for this contender (a tree-enabled model needs none: these contenders
+            # run its plain twin, decoctl.model.plain_twin); the contender's label shows it
             options = {k: v for k, v in spec.options.items() if k != "model"}
             own = spec.options.get("model")
             if options and spec.name in ("raw-ort", "ort-genai"):
@@ -217,7 +244,7 @@ def build_contenders(
             elif spec.name == "ort-genai":
                 contender = OrtGenaiContender(target, threads)
             else:
-                draft = _draft_folder(model, roles, registry) if spec.name == "ort-genai-draft" else None
+                draft = _draft_folder(roles, registry) if spec.name == "ort-genai-draft" else None
                 contender = OrtGenaiSpeculativeContender(spec.name, target, threads, options, draft=draft)
         else:
             # `processors` is the bench's own option, not the controller's: a logits chain for that contender
@@ -239,12 +266,17 @@ def build_contenders(
     return contenders
 
 
-def _draft_folder(model: str | None, roles: dict[str, str], registry: PluginRegistry) -> Path:
-    """The draft model of ort-genai-draft: --draft, else the default bundle's draft when --model is the default."""
+def bundle_roles(model: str | None, registry: PluginRegistry) -> dict[str, str]:
+    """The models a bundled target brings for other roles (the demo model: its draft and EAGLE head), as
+    ``decoctl generate`` takes them: for the default model (None) or a registered name, never for a folder."""
+    named = resolve_model(None, registry)[0] if model is None else model
+    bundle = registry.models().get(normalise_name(named))
+    return dict(bundle.roles) if bundle else {}
+
+
+def _draft_folder(roles: dict[str, str], registry: PluginRegistry) -> Path:
+    """The draft model of ort-genai-draft: --draft, else the bundled target's draft."""
     reference = roles.get("draft")
-    if reference is None and model is None:
-        bundle = registry.models().get(resolve_model(None, registry)[0])
-        reference = dict(bundle.roles).get("draft") if bundle else None
     if reference is None:
         raise ConfigError("contender ort-genai-draft needs a draft model: pass --draft MODEL")
     return resolve_model(reference, registry)[1]
@@ -413,14 +445,20 @@ def format_table(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
-def plot(report: BenchReport, path: str) -> None:
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise ConfigError("--plot needs matplotlib: pip install 'decoctl[bench]'") from exc
+        raise ConfigError("--plot needs matplotlib: pip install 'decoctl[bench]', or leave --plot out") from exc
+    return plt
+
+
+def plot(report: BenchReport, path: str) -> None:
+    plt = _pyplot()
     names = [c.name for c in report.contenders]
     rates = [c.tokens_per_s for c in report.contenders]
     figure, axis = plt.subplots(figsize=(max(5, 1.3 * len(names)), 3.5))
@@ -484,13 +522,26 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
         raise ConfigError("--calibration-pairs must be at least 1")
     if args.runs < 1:
         raise ConfigError("--runs must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(
+            f"--threads {args.threads}: give 1 or more intra-op threads, or leave it out for the default "
+            f"({default_threads()}, one per two cores)"
+        )
+    # everything that can be refused is, before the bench runs: its results must not be lost at the end
+    malformed = [r for r in args.role if "=" not in r]
+    if malformed:
+        raise ConfigError(f"--role {malformed[0]!r} must be written ROLE=MODEL (e.g. --role eagle=pycode-eagle)")
+    prompts = load_prompts(args.prompts)
+    _prepare_output("--json", args.json)
+    _prepare_output("--plot", args.plot)
     if args.runs > 1:
         return run_in_processes(args, _split_top_level(args.contenders))
+    if args.plot:
+        _pyplot()
     threads = args.threads or default_threads()
     roles = dict(r.split("=", 1) for r in args.role)
     if args.draft:
         roles["draft"] = args.draft
-    prompts = load_prompts(args.prompts)
     contenders = build_contenders(specs, model=args.model, roles=roles, threads=threads, registry=registry)
     # every contender's weights on huge pages alike, onnxruntime-genai's and raw-ort's sessions included
     huge_pages.collapse()
@@ -547,6 +598,22 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
             print(difference_message(c, report.baseline, prompts), file=sys.stderr)
         return 3
     return 0
+
+
+def _prepare_output(flag: str, path: str | None) -> None:
+    """Create the folder ``path`` will be written in; refuse a path that is a folder or cannot be made."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        example = target / ("bench.json" if flag == "--json" else "bench.png")
+        raise ConfigError(f"{flag} {path} is a folder: give a file path (e.g. {example})")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"{flag} {path}: cannot create its folder {target.parent} ({exc.strerror}): give a writable path"
+        ) from exc
 
 
 def difference_message(result: ContenderResult, baseline: str, prompts: Sequence[str]) -> str:

@@ -9,6 +9,10 @@ onnxruntime-genai (0.18 checked) exposes both speculative decoders from Python t
 ``GeneratorParams.set_speculative_options`` (``max_draft_tokens``, ``ngram_size``, ``ngram_chained_lookup``,
 ``min_adaptive_k``, ``cooldown``) and ``Generator.get_speculative_stats()``; the draft model is a ``model.draft``
 decoder block in genai_config.json next to the target's ``model.decoder``, with paths under the config's folder.
+
+A model with tree inputs (``decoctl models enable-tree``; the bundled demo models) takes ``position_ids`` and
+``attention_bias``, which onnxruntime-genai never feeds: the raw loop and the onnxruntime-genai contenders run its
+plain twin instead (the same weights without those inputs, derived once and cached: decoctl.model.plain_twin).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from decoctl.bench_ideal import ForwardLedger, ledger_from_controller_stats, spr
 from decoctl.errors import ConfigError
 from decoctl.generate import Generator
 from decoctl.model.loader import LoadedModel, session_options
+from decoctl.model.plain_twin import plain_twin
 from decoctl.model.spec import ModelSpec
 from decoctl.specs import Option, parse_options
 
@@ -92,18 +97,18 @@ class ControllerContender:
 class RawOrtContender:
     """A minimal greedy loop written directly on onnxruntime with IOBinding: the floor decoctl's host is
     measured against. Shared-buffer (GroupQueryAttention) models only, as onnxruntime-genai's builder makes
-    them; it reuses nothing of the host but the session options."""
+    them; it reuses nothing of the host but the session options. A model with tree inputs runs as its plain
+    twin; a graph that takes ``position_ids`` for its own use (rotary outside GroupQueryAttention) gets them."""
 
     name = "raw-ort"
 
     def __init__(self, model: LoadedModel, threads: int | None) -> None:
-        spec = model.spec
-        _refuse_tree_inputs(self.name, model)
-        if not spec.share_buffer:
+        if not model.spec.share_buffer:
             raise ConfigError(
                 f"contender raw-ort runs shared-buffer (onnxruntime-genai layout) models; {model.name} is "
-                f"{spec.layout} with a concat KV cache: leave raw-ort out for it"
+                f"{model.spec.layout} with a concat KV cache: leave raw-ort out for it"
             )
+        spec = _plain(model.spec)
         self.spec = spec
         self.eos = set(spec.eos_token_ids)
         self.session = ort.InferenceSession(
@@ -114,6 +119,8 @@ class RawOrtContender:
         self.kv: list[np.ndarray] = []
         self.capacity = 0
         self.extra_outputs = [o for o in self.session.get_outputs() if o.name not in (spec.logits_name, *self.present)]
+        inputs = {i.name for i in self.session.get_inputs()}
+        self.position_ids = spec.position_ids_name if spec.position_ids_name in inputs else None
 
     def _allocate(self, capacity: int) -> ort.IOBinding:
         spec = self.spec
@@ -132,6 +139,7 @@ class RawOrtContender:
         capacity = len(prompt_ids) + max_new_tokens
         binding = self._allocate(capacity)
         mask = np.ones((1, capacity), np.int64)
+        positions = np.arange(capacity, dtype=np.int64)
         logits = np.zeros((1, len(prompt_ids), spec.vocab_size), np.float32)
         extra = {o.name: np.zeros((1, len(prompt_ids), o.shape[-1]), np.float32) for o in self.extra_outputs}
 
@@ -139,6 +147,9 @@ class RawOrtContender:
             n = ids.shape[1]
             binding.bind_input(spec.input_ids_name, "cpu", 0, np.int64, [1, n], ids.ctypes.data)
             binding.bind_input(spec.attention_mask_name, "cpu", 0, np.int64, [1, past + n], mask.ctypes.data)
+            if self.position_ids is not None:
+                pointer = positions.ctypes.data + past * positions.itemsize
+                binding.bind_input(self.position_ids, "cpu", 0, np.int64, [1, n], pointer)
             binding.bind_output(spec.logits_name, "cpu", 0, np.float32, [1, n, spec.vocab_size], logits.ctypes.data)
             for name, buffer in extra.items():
                 binding.bind_output(name, "cpu", 0, np.float32, [1, n, buffer.shape[-1]], buffer.ctypes.data)
@@ -182,12 +193,10 @@ def _import_genai(contender: str) -> Any:
     return og
 
 
-def _refuse_tree_inputs(name: str, model: LoadedModel) -> None:
-    if model.capabilities.tree:
-        raise ConfigError(
-            f"contender {name} cannot run {model.name}: its position_ids and attention_bias inputs (decoctl models "
-            f"enable-tree) are unknown to it. Give it the same model without them: {name}(model=PATH)"
-        )
+def _plain(spec: ModelSpec) -> ModelSpec:
+    """``spec``, or its plain twin's where its graph has tree inputs (which these contenders never feed)."""
+    folder = plain_twin(spec.path, graph_file=str(spec.onnx_file.relative_to(spec.path)))
+    return spec if folder == spec.path.resolve() else ModelSpec.from_folder(folder)
 
 
 def _forced_threads(decoder: dict[str, Any], threads: int) -> dict[str, Any]:
@@ -212,15 +221,15 @@ class OrtGenaiContender:
 
     def __init__(self, model: LoadedModel, threads: int) -> None:
         og = _import_genai(self.name)
-        _refuse_tree_inputs(self.name, model)
         if model.spec.layout != "genai":
             raise ConfigError(
                 f"contender {self.name} runs onnxruntime-genai models; {model.name} is {model.spec.layout}"
             )
+        spec = _plain(model.spec)
         self._folder = tempfile.TemporaryDirectory(prefix="decoctl-genai-")
         folder = Path(self._folder.name)
-        _link_folder(model.spec.path, folder)
-        config = json.loads((model.spec.path / "genai_config.json").read_text())
+        _link_folder(spec.path, folder)
+        config = json.loads((spec.path / "genai_config.json").read_text())
         _forced_threads(config["model"]["decoder"], threads)
         self._configure(config, folder)
         (folder / "genai_config.json").write_text(json.dumps(config))
@@ -326,6 +335,7 @@ class OrtGenaiSpeculativeContender(OrtGenaiContender):
                 f"contender {self.name}: the draft {self._draft} is {spec.layout}; onnxruntime-genai composes only "
                 "onnxruntime-genai models"
             )
+        spec = _plain(spec)
         if (folder / "draft").exists():
             raise ConfigError(
                 f"contender {self.name}: the target folder has an entry named 'draft', where the draft's links go"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,12 @@ from decoctl.testing import build_genai_model
 
 CURVE = CostCurve(chain={1: 1.0, 2: 1.5, 4: 2.0}, tree={8: 3.0}, one_token_seconds=0.01, context=16, pairs=1)
 REPEAT_PROMPT = "def f(x):\n    return x + 1\n\ndef f(x):\n    return x + 1\n"
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain twins of tree models go to this test's folder, not the user's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
 def outcome(tokens: tuple[int, ...], ledger: ForwardLedger, seconds: float = 1.0) -> Outcome:
@@ -292,14 +299,88 @@ def test_a_bench_with_lookahead_calibrates_tree_forwards(tree_model: Path, promp
     assert row["ideal_ratio"] > 0
 
 
-def test_the_raw_loop_runs_a_tree_models_plain_twin_given_as_its_model(
-    tree_model: Path, prompts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_the_raw_loop_runs_a_tree_model_as_its_plain_twin(tree_model: Path, prompts: Path, tmp_path: Path) -> None:
+    plain = build_genai_model(tmp_path / "plain", seed=3)  # the same weights without tree inputs, given by hand
+    contenders = f"greedy,raw-ort,given=raw-ort(model={plain})"
+    data = bench_json(tree_model, contenders, prompts, tmp_path, "--require-identical")
+    rows = {c["name"]: c for c in data["contenders"]}
+    assert {name: row["identical_to_baseline"] for name, row in rows.items()} == dict.fromkeys(rows, True)
+    assert set(rows) == {"greedy", "raw-ort", "given"}
+
+
+def test_onnxruntime_genai_contenders_run_a_tree_model_as_its_plain_twin(
+    tree_model: Path, prompts: Path, tmp_path: Path
 ) -> None:
-    assert main(["bench", "-m", str(tree_model), "--contenders", "greedy,raw-ort", "--prompts", str(prompts)]) == 2
-    assert "raw-ort(model=PATH)" in capsys.readouterr().err  # its tree inputs are unknown to the raw loop
-    plain = build_genai_model(tmp_path / "plain", seed=3)  # the same weights without tree inputs
-    data = bench_json(tree_model, f"greedy,raw=raw-ort(model={plain})", prompts, tmp_path, "--require-identical")
-    assert {c["name"]: c["identical_to_baseline"] for c in data["contenders"]} == {"greedy": True, "raw": True}
+    pytest.importorskip("onnxruntime_genai")
+    contenders = "greedy,ort-genai,ng=ort-genai-ngram(k=4;ngram=3),dr=ort-genai-draft(k=3)"
+    # the draft has tree inputs too: it runs as its twin as well
+    data = bench_json(tree_model, contenders, prompts, tmp_path, "--draft", str(tree_model), "--require-identical")
+    assert {c["name"] for c in data["contenders"]} == {"greedy", "ort-genai", "ng", "dr"}
+
+
+def positions_outside_attention(source: Path, destination: Path) -> Path:
+    """A copy of the tree model ``source`` whose graph reads ``position_ids`` outside GroupQueryAttention (as a
+    builder export with rotary embeddings outside the op does) and takes no attention_bias: a plain graph that
+    must be fed positions. The positions reach the logits through a multiplication by zero."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    shutil.copytree(source, destination)
+    model = onnx.load_model(str(destination / "model.onnx"))
+    graph = model.graph
+    kept = [value for value in graph.input if value.name != "attention_bias"]
+    del graph.input[:]
+    graph.input.extend(kept)
+    for node in graph.node:
+        if node.op_type == "GroupQueryAttention":
+            inputs = list(node.input[:9])
+            del node.input[:]
+            node.input.extend(inputs)
+        node.output[:] = ["logits_before" if name == "logits" else name for name in node.output]
+    graph.initializer.append(helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]))
+    graph.node.extend(
+        [
+            helper.make_node("Cast", ["position_ids"], ["positions_float"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["positions_float", "zero"], ["positions_zero"]),
+            helper.make_node("ReduceSum", ["positions_zero"], ["positions_sum"], keepdims=0),
+            helper.make_node("Add", ["logits_before", "positions_sum"], ["logits"]),
+        ]
+    )
+    onnx.save_model(model, str(destination / "model.onnx"))
+    return destination
+
+
+def test_the_raw_loop_feeds_position_ids_to_a_graph_that_reads_them(
+    tree_model: Path, prompts: Path, tmp_path: Path
+) -> None:
+    model = positions_outside_attention(tree_model, tmp_path / "positions")
+    assert load_model(model, threads=1).capabilities.position_ids == "position_ids"
+    data = bench_json(model, "greedy,raw-ort", prompts, tmp_path, "--require-identical")
+    assert [c["name"] for c in data["contenders"]] == ["greedy", "raw-ort"]
+    assert not (tmp_path / "cache").exists()  # nothing to remove: no twin was derived
+
+
+def test_a_bundled_targets_own_draft_serves_its_contenders(
+    genai_model: Path, genai_draft: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("decoctl_speculative")
+    from decoctl import ModelBundle, hookimpl
+    from decoctl.bench_contenders import ControllerContender
+    from decoctl.plugins import PluginRegistry
+
+    class Bundle:
+        @hookimpl
+        def decoctl_models(self) -> list[ModelBundle]:
+            return [ModelBundle(name="tiny", path=genai_model, roles={"draft": str(genai_draft)})]
+
+    registry = PluginRegistry()
+    registry.register(Bundle(), "tiny-bundle")
+    specs = parse_contenders("greedy,speculative")
+    built = dict(build_contenders(specs, model="tiny", roles={}, threads=1, registry=registry))
+    speculative = built["speculative"]
+    assert isinstance(speculative, ControllerContender)
+    assert speculative.generator.models["draft"].spec.path == genai_draft
+    assert speculative.generator.generate("import os", max_new_tokens=4).tokens
 
 
 def test_onnxruntime_genai_speculative_contenders_match_greedy(

@@ -5,6 +5,10 @@ The builder wires nothing into GroupQueryAttention's optional ``position_ids`` (
 plain chains. ``enable_tree`` adds both as graph inputs, wires them into every GroupQueryAttention node, and
 records ``position_ids`` in genai_config.json. Weights are not touched: the graph is read without its external
 data and the data files are copied byte for byte.
+
+``disable_tree`` is its inverse, for hosts that feed neither input (onnxruntime-genai, a raw onnxruntime loop): it
+empties those two slots, drops the inputs and the config entry, and hard-links the other files instead of copying
+them. It edits the graph's bytes with protowire, so it needs no onnx package.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from typing import Any
 import structlog
 
 from decoctl.errors import ConfigError, ModelLoadError
+from decoctl.model import protowire as pw
 
-__all__ = ["ATTENTION_BIAS", "POSITION_IDS", "enable_tree"]
+__all__ = ["ATTENTION_BIAS", "POSITION_IDS", "disable_tree", "enable_tree"]
 
 log = structlog.get_logger(__name__)
 
@@ -220,3 +225,219 @@ def _check_input(value: Any, elem_type: int, rank: int, onnx_path: Path) -> None
             f"{onnx_path} already has an input {value.name!r} of another type or rank than tree verification "
             "needs; re-export the model without it"
         )
+
+
+# ModelProto.graph; GraphProto.node / input / output / value_info; NodeProto.input / output / op_type / domain;
+# ValueInfoProto.name (field numbers from onnx.proto)
+_MODEL_GRAPH = 7
+_GRAPH_NODE, _GRAPH_INPUT, _GRAPH_OUTPUT, _GRAPH_VALUE_INFO = 1, 11, 12, 13
+_NODE_INPUT, _NODE_OUTPUT, _NODE_OP_TYPE, _NODE_DOMAIN = 1, 2, 4, 7
+_VALUE_NAME = 1
+
+
+def disable_tree(src: str | Path, dst: str | Path) -> Path:
+    """Write a twin of the genai-layout model folder ``src`` to ``dst`` without the tree inputs (the inverse of
+    ``enable_tree``), for hosts that feed neither ``position_ids`` nor ``attention_bias``.
+
+    Every com.microsoft GroupQueryAttention node's slots 9 and 10 are emptied (a Cast that only converted the
+    bias goes with them); ``attention_bias`` leaves the graph inputs, and ``position_ids`` too unless another
+    node still reads it (then genai_config.json keeps ``inputs.position_ids``, else the entry goes). For a plain
+    chain the twin computes what ``src`` computes with consecutive positions and a causal bias. Every other file
+    is hard-linked; only where the file system refuses a hard link (another device) is it copied, and that is
+    logged: onnxruntime refuses external data reached through a symbolic link out of the model's folder.
+
+    :param src: a genai-layout folder whose graph file holds no weights (the builder keeps them in external data).
+    :param dst: a new folder (or an empty one) outside ``src``.
+    :returns: ``dst``.
+    :raises ConfigError: ``dst`` is not a new or empty folder, or cannot be written.
+    :raises ModelLoadError: ``src`` is not a genai-layout folder, its graph is not readable ONNX, has no
+        GroupQueryAttention node, or reads the tree inputs elsewhere than those slots.
+    """
+    source, target = Path(src).expanduser().resolve(), Path(dst).expanduser().resolve()
+    config, filename, position_ids = _genai_decoder(source)
+    if target == source or source in target.parents:
+        raise ConfigError(f"disable-tree writes a new folder: {target} must lie outside the source {source}")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise ConfigError(
+            f"{target} already exists and is not empty: give a new folder (disable-tree never overwrites)"
+        )
+    onnx_path = source / filename
+    try:
+        graph_bytes = onnx_path.read_bytes()
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {onnx_path} ({exc.strerror}): the model folder is incomplete") from exc
+    plain, positions_left = without_tree_inputs(graph_bytes, position_ids, onnx_path)
+    if not positions_left:
+        config["model"]["decoder"]["inputs"].pop(POSITION_IDS, None)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    except OSError as exc:
+        raise ConfigError(f"cannot write under {target.parent} ({exc.strerror}): give a writable folder") from exc
+    try:
+        for entry in source.iterdir():
+            if entry.name not in (filename, GENAI_CONFIG):
+                _link(entry, staging / entry.name)
+        (staging / filename).write_bytes(plain)
+        (staging / GENAI_CONFIG).write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
+        if target.exists():
+            target.rmdir()
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.info("decoctl.tree_disabled", source=str(source), target=str(target))
+    return target
+
+
+def _genai_decoder(source: Path) -> tuple[dict[str, Any], str, str]:
+    """(genai_config.json, the decoder's graph file name, its position_ids input name) of ``source``; the
+    config's decoder always has an ``inputs`` mapping."""
+    config_path = source / GENAI_CONFIG
+    if not config_path.is_file():
+        raise ModelLoadError(f"{source} has no {GENAI_CONFIG}: only onnxruntime-genai builder models have tree inputs")
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    try:
+        decoder = config["model"]["decoder"]
+        filename = str(decoder.get("filename", "model.onnx"))
+        inputs = decoder.setdefault("inputs", {})
+        position_ids = str(inputs.get(POSITION_IDS, POSITION_IDS))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ModelLoadError(f"{config_path} lacks model.decoder ({exc!r}): re-export the model") from exc
+    return config, filename, position_ids
+
+
+def _link(entry: str | Path, destination: str | Path) -> None:
+    """``entry`` (a file or a folder of them) at ``destination`` as hard links, copies where they are refused."""
+    if os.path.isdir(entry):
+        shutil.copytree(entry, destination, copy_function=_link)
+        return
+    try:
+        os.link(entry, destination)
+    except OSError as exc:
+        log.info("decoctl.file_copied", source=str(entry), reason=f"no hard link: {exc.strerror}")
+        shutil.copy2(entry, destination)
+
+
+def has_tree_inputs(model: bytes) -> bool:
+    """Whether the serialized ModelProto ``model`` takes ``attention_bias`` or wires anything into a
+    GroupQueryAttention node's position_ids or attention_bias slot (what ``disable_tree`` would remove)."""
+    graph = _single_graph(list(pw.fields(model)), "the model")
+    fields = list(pw.fields(graph.payload))
+    if ATTENTION_BIAS in {_value_name(f) for f in fields if f.number == _GRAPH_INPUT}:
+        return True
+    for field in fields:
+        if field.number == _GRAPH_NODE:
+            op_type, domain, inputs, _ = _node_parts(field)
+            if _is_gqa(op_type, domain) and any(_slot(inputs, s) for s in (_GQA_POSITION_IDS, _GQA_ATTENTION_BIAS)):
+                return True
+    return False
+
+
+def without_tree_inputs(model: bytes, position_ids: str, onnx_path: Path) -> tuple[bytes, bool]:
+    """The serialized ModelProto ``model`` without its tree inputs (see ``disable_tree``), and whether the
+    ``position_ids`` input stays (another node reads it). Every other field is kept byte for byte."""
+    model_fields = list(pw.fields(model))
+    graph = _single_graph(model_fields, str(onnx_path))
+    fields = list(pw.fields(graph.payload))
+    parsed = {i: _node_parts(f) for i, f in enumerate(fields) if f.number == _GRAPH_NODE}
+    attention = [i for i, (op, domain, _, _) in parsed.items() if _is_gqa(op, domain)]
+    if not attention:
+        raise ModelLoadError(
+            f"{onnx_path} has no com.microsoft GroupQueryAttention node: only onnxruntime-genai builder graphs "
+            "with GroupQueryAttention have tree inputs to remove"
+        )
+    # a Cast of the bias to the model's compute type (enable_tree adds one for half-precision graphs)
+    bias_casts = {
+        outputs[0]: i
+        for i, (op, domain, inputs, outputs) in parsed.items()
+        if op == "Cast" and domain in ("", "ai.onnx") and inputs[:1] == [ATTENTION_BIAS] and len(outputs) == 1
+    }
+    for index in attention:
+        op, domain, inputs, outputs = parsed[index]
+        for slot, allowed in (
+            (_GQA_POSITION_IDS, {position_ids}),
+            (_GQA_ATTENTION_BIAS, {ATTENTION_BIAS, *bias_casts}),
+        ):
+            if _slot(inputs, slot) not in ("", *allowed):
+                raise ModelLoadError(
+                    f"{onnx_path}: input {slot} of GroupQueryAttention is fed from {inputs[slot]!r}, not from the "
+                    f"tree inputs enable-tree adds: give the model as exported, without them"
+                )
+        emptied = [("" if s in (_GQA_POSITION_IDS, _GQA_ATTENTION_BIAS) else name) for s, name in enumerate(inputs)]
+        while emptied and not emptied[-1]:
+            emptied.pop()
+        parsed[index] = (op, domain, emptied, outputs)
+    graph_outputs = {_value_name(f) for f in fields if f.number == _GRAPH_OUTPUT}
+
+    def read(name: str, skipping: set[int]) -> bool:
+        return name in graph_outputs or any(name in p[2] for i, p in parsed.items() if i not in skipping)
+
+    dropped = {i for name, i in bias_casts.items() if not read(name, {i})}
+    if read(ATTENTION_BIAS, dropped):
+        raise ModelLoadError(
+            f"{onnx_path} reads {ATTENTION_BIAS!r} elsewhere than GroupQueryAttention: a plain graph cannot be "
+            "derived from it; give one exported without tree inputs"
+        )
+    positions_left = read(position_ids, dropped)
+    gone = {ATTENTION_BIAS, *(parsed[i][3][0] for i in dropped), *(() if positions_left else (position_ids,))}
+    kept: list[bytes] = []
+    for index, field in enumerate(fields):
+        if field.number == _GRAPH_NODE:
+            if index in dropped:
+                continue
+            if index in attention:
+                kept.append(_with_inputs(field, parsed[index][2]))
+                continue
+        elif field.number in (_GRAPH_INPUT, _GRAPH_VALUE_INFO) and _value_name(field) in gone:
+            continue
+        kept.append(field.raw)
+    new_graph = pw.length_delimited(_MODEL_GRAPH, kept)
+    return b"".join(new_graph if f is graph else f.raw for f in model_fields), positions_left
+
+
+def _single_graph(model_fields: list[pw.Field], where: str) -> pw.Field:
+    graphs = [f for f in model_fields if f.number == _MODEL_GRAPH]
+    if len(graphs) != 1:
+        raise ModelLoadError(f"{where} holds no single ONNX graph: it is not an ONNX model file or is corrupt")
+    return graphs[0]
+
+
+def _node_parts(field: pw.Field) -> tuple[str, str, list[str], list[str]]:
+    """(op_type, domain, inputs, outputs) of a NodeProto field."""
+    op_type, domain, inputs, outputs = "", "", [], []
+    for part in pw.fields(field.payload):
+        if part.number == _NODE_INPUT:
+            inputs.append(part.text)
+        elif part.number == _NODE_OUTPUT:
+            outputs.append(part.text)
+        elif part.number == _NODE_OP_TYPE:
+            op_type = part.text
+        elif part.number == _NODE_DOMAIN:
+            domain = part.text
+    return op_type, domain, inputs, outputs
+
+
+def _with_inputs(field: pw.Field, inputs: list[str]) -> bytes:
+    """The NodeProto ``field`` with its inputs replaced (written where its first input was)."""
+    parts: list[bytes] = []
+    written = False
+    for part in pw.fields(field.payload):
+        if part.number != _NODE_INPUT:
+            parts.append(part.raw)
+        elif not written:
+            parts.extend(pw.length_delimited(_NODE_INPUT, name.encode()) for name in inputs)
+            written = True
+    return pw.length_delimited(_GRAPH_NODE, parts)
+
+
+def _is_gqa(op_type: str, domain: str) -> bool:
+    return op_type == _GQA and domain == _MS_DOMAIN
+
+
+def _slot(inputs: list[str], slot: int) -> str:
+    return inputs[slot] if len(inputs) > slot else ""
+
+
+def _value_name(field: pw.Field) -> str:
+    return next((f.text for f in pw.fields(field.payload) if f.number == _VALUE_NAME), "")
