@@ -332,10 +332,11 @@ class Sequence:
         bias: np.ndarray | None = None,
         *,
         features: np.ndarray | None = None,
+        bias_positions: np.ndarray | None = None,
     ) -> np.ndarray:
         start = self.length
         begin = time.perf_counter()
-        outputs = self._runner.run(ids, positions, bias, features)
+        outputs = self._runner.run(ids, positions, bias, features, bias_positions)
         return self._took(start, ids, outputs, begin)
 
     def _took(self, start: int, ids: Seq[int] | np.ndarray, outputs: RunOutputs, begin: float) -> np.ndarray:
@@ -403,7 +404,8 @@ class Sequence:
             first, before = fed[0], fed[2].size
             parsed = Tree.from_parents(np.concatenate([fed[2].parents, parents]), before + len(ids))
         # the new tokens' rows of the bias span the whole tree; everything before it stays visible to all
-        rows = self._run(ids, parsed.positions(first)[before:], parsed.bias()[before:], features=features)
+        positions = parsed.positions(first)
+        rows = self._run(ids, positions[before:], parsed.bias()[before:], features=features, bias_positions=positions)
         self.stats.tree_forwards += 1
         self._fed = (first, parsed.size, parsed)
         return rows

@@ -9,6 +9,7 @@ import attrs
 from decoctl.errors import ModelLoadError
 from decoctl.model.fed_lengths import FedLengths
 from decoctl.model.spec import ModelSpec
+from decoctl.model.window_bias import WindowBias
 
 __all__ = ["Capabilities"]
 
@@ -31,6 +32,8 @@ class Capabilities:
     ``target_hidden_states``, one float32 row per fed token) and its width, or None.
     ``fed_lengths``: the inputs that take GroupQueryAttention's sequence lengths where the loader removed the
     mask subgraph (decoctl.model.fed_lengths); the graph then has no attention mask input. None otherwise.
+    ``windows``: the bias inputs of sliding-window layers whose window the loader moved from the kernel into the
+    bias (decoctl.model.window_bias), which the runner fills with the tree bias plus the window in positions.
     """
 
     logits_all_positions: bool
@@ -43,6 +46,7 @@ class Capabilities:
     feature_input: str | None
     feature_size: int | None
     fed_lengths: FedLengths | None = None
+    windows: tuple[WindowBias, ...] = ()
 
     @property
     def tree(self) -> bool:
@@ -61,13 +65,19 @@ class Capabilities:
         return tuple(name for name, ok in present.items() if ok)
 
     @classmethod
-    def from_session(cls, session: Any, spec: ModelSpec, fed_lengths: FedLengths | None = None) -> Capabilities:
+    def from_session(
+        cls,
+        session: Any,
+        spec: ModelSpec,
+        fed_lengths: FedLengths | None = None,
+        windows: tuple[WindowBias, ...] = (),
+    ) -> Capabilities:
         """Read a live onnxruntime.InferenceSession's inputs and outputs against the folder's spec
         (``fed_lengths``: the length inputs that replaced its attention mask, when the loader rewrote it)."""
         inputs = {i.name: i for i in session.get_inputs()}
         outputs = {o.name: o for o in session.get_outputs()}
         lengths = [fed_lengths.seqlens_k, fed_lengths.total_sequence_length] if fed_lengths else []
-        required = [spec.input_ids_name, *(lengths or [spec.attention_mask_name])]
+        required = [spec.input_ids_name, *(lengths or [spec.attention_mask_name]), *(w.name for w in windows)]
         for layer in range(spec.num_layers):
             required.extend(spec.past_names(layer))
         missing = [name for name in required if name not in inputs]
@@ -94,6 +104,7 @@ class Capabilities:
             feature_input=FEATURES if feature_size is not None else None,
             feature_size=feature_size,
             fed_lengths=fed_lengths,
+            windows=windows,
         )
 
 

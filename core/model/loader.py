@@ -10,8 +10,8 @@ import onnxruntime as ort
 import structlog
 
 from decoctl.errors import ConfigError, ModelLoadError
-from decoctl.model import fed_lengths, huge_pages
-from decoctl.model.capabilities import Capabilities
+from decoctl.model import fed_lengths, huge_pages, window_bias
+from decoctl.model.capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model.spec import ModelSpec
 from decoctl.model.tokenizer import Tokenizer
 
@@ -74,14 +74,16 @@ def load_model(
     if feed_lengths is None:
         feed_lengths = os.environ.get("DECOCTL_FEED_LENGTHS", "1") not in ("0", "")
     rewritten = _without_mask_subgraph(spec) if feed_lengths and spec.layout == "genai" else None
+    windowed = _window_in_bias(spec, rewritten.model if rewritten else None) if spec.layout == "genai" else None
+    graph = windowed.model if windowed else rewritten.model if rewritten else None
     try:
         with huge_pages.contiguous_allocations():
-            if rewritten is None:
+            if graph is None:
                 session = ort.InferenceSession(str(spec.onnx_file), options, providers=["CPUExecutionProvider"])
             else:
                 # the graph comes from memory; its external data still lies next to the file it was read from
                 options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(spec.onnx_file.parent))
-                session = ort.InferenceSession(rewritten.model, options, providers=["CPUExecutionProvider"])
+                session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types; all mean "not loadable"
         raise ModelLoadError(
             f"onnxruntime could not load {spec.onnx_file} ({type(exc).__name__}: {exc}): the file is corrupt "
@@ -89,7 +91,9 @@ def load_model(
         ) from exc
     # the weights now sit in onnxruntime's buffers: put them on huge pages (see huge_pages.py for the measurement)
     huge_pages.collapse()
-    capabilities = Capabilities.from_session(session, spec, rewritten.inputs if rewritten else None)
+    capabilities = Capabilities.from_session(
+        session, spec, rewritten.inputs if rewritten else None, windowed.windows if windowed else ()
+    )
     tokenizer = Tokenizer.from_file(spec.tokenizer_file, bos_token_id=spec.bos_token_id, add_bos=spec.add_bos)
     if tokenizer.vocab_size > spec.vocab_size:
         raise ModelLoadError(
@@ -113,6 +117,24 @@ def load_model(
         fed_lengths=rewritten is not None,
     )
     return model
+
+
+def _window_in_bias(spec: ModelSpec, graph: bytes | None) -> window_bias.Rewritten | None:
+    """The graph (``graph``, or the file) with its sliding windows moved into bias inputs of their own so that
+    tree forwards stay exact on windowed layers (decoctl.model.window_bias), or None where nothing moves."""
+    if graph is None:
+        size = spec.onnx_file.stat().st_size if spec.onnx_file.is_file() else 0
+        if not 0 < size <= MAX_REWRITTEN_BYTES:
+            return None
+        graph = spec.onnx_file.read_bytes()
+    try:
+        result = window_bias.rewrite(graph, ATTENTION_BIAS)
+    except ModelLoadError:
+        return None  # not a readable graph: onnxruntime's own load reports it with the file and the fix
+    if isinstance(result, window_bias.Kept):
+        return None
+    log.debug("decoctl.window_moved_to_bias", model=str(spec.path), windows=[w.window for w in result.windows])
+    return result
 
 
 def _without_mask_subgraph(spec: ModelSpec) -> fed_lengths.Rewritten | None:

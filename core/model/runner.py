@@ -119,6 +119,7 @@ class Runner:
         self._bias = np.zeros(0, np.float32)
         self._bias_pointer = 0
         self._causal: dict[int, np.ndarray] = {}
+        self._window_buffers: list[np.ndarray] = []
         self._names = spec
         self._caps = caps
         # GroupQueryAttention's lengths where the loader removed the mask subgraph: [seqlens_k, total], bound once
@@ -149,8 +150,10 @@ class Runner:
         positions: np.ndarray | None = None,
         bias: np.ndarray | None = None,
         features: np.ndarray | None = None,
+        bias_positions: np.ndarray | None = None,
     ) -> RunOutputs:
-        """Feed ``tokens`` (int64[n]) after the current length; return views of the outputs."""
+        """Feed ``tokens`` (int64[n]) after the current length; return views of the outputs. ``bias_positions``
+        (int64[w]): the positions of the w slots ``bias`` spans, where they differ from the slots (a tree)."""
         n = len(tokens)
         past = self.kv.length
         total = past + n
@@ -172,6 +175,9 @@ class Runner:
         if caps.attention_bias is not None:
             self._fill_bias(n, total, bias)
             self._fast.bind_input(caps.attention_bias, np.float32, [1, 1, n, total], self._bias_pointer)
+            if caps.windows:
+                fed = self._positions[0, :n] if caps.position_ids is not None else np.arange(past, total)
+                self._bind_windows(n, total, fed, bias, bias_positions)
         if caps.feature_input is not None and self._features is not None:
             if features is None:
                 raise SequenceError(f"{self.model.name} takes {caps.feature_input}: pass one row of features per token")
@@ -243,6 +249,37 @@ class Runner:
             visible = total - bias.shape[1]
             view[:, :visible] = 0.0
             view[:, visible:] = bias
+
+    def _bind_windows(
+        self, n: int, total: int, fed: np.ndarray, bias: np.ndarray | None, bias_positions: np.ndarray | None
+    ) -> None:
+        """Bind each sliding window's bias input (decoctl.model.window_bias): the attention bias, plus -inf where
+        the key's position is ``window`` or more behind the query's. Slots before the bias's span hold the
+        positions 0.. (the cached prefix); the span's slots hold ``bias_positions`` (or their own slot numbers)."""
+        size = n * total
+        main = self._bias[:size].reshape(n, total)
+        for index, window in enumerate(self._caps.windows):
+            cut = fed - (window.window - 1)  # a query at position p sees keys at positions p - window + 1 .. p
+            if int(cut.max()) <= 0:  # the window hides nothing yet: the same bias serves
+                self._fast.bind_input(window.name, np.float32, [1, 1, n, total], self._bias_pointer)
+                continue
+            buffer = self._window_buffers[index] if index < len(self._window_buffers) else None
+            if buffer is None or buffer.size < size:
+                buffer = np.zeros(max(size, 2 * (0 if buffer is None else buffer.size)), np.float32)
+                if index < len(self._window_buffers):
+                    self._window_buffers[index] = buffer
+                else:
+                    self._window_buffers.append(buffer)
+            view = buffer[:size].reshape(n, total)
+            view[:] = main
+            if n == 1 and bias_positions is None:
+                view[0, : int(cut[0])] = -np.inf
+            else:
+                columns = np.arange(total)
+                if bias is not None and bias_positions is not None:
+                    columns[total - bias.shape[1] :] = bias_positions
+                np.copyto(view, np.float32(-np.inf), where=columns[None, :] < cut[:, None])
+            self._fast.bind_input(window.name, np.float32, [1, 1, n, total], buffer.ctypes.data)
 
     def _causal_block(self, n: int) -> np.ndarray:
         """float32[n, n]: 0 on and below the diagonal, -inf above. Kept for the small n of decode steps (building

@@ -105,6 +105,7 @@ def build_genai_model(
     logits_all_positions: bool = True,
     tree_inputs: bool = False,
     eos_token_id: int | Sequence[int] = EOS_TOKEN_ID,
+    local_window_size: int | None = None,
 ) -> Path:
     """Write a model folder in onnxruntime-genai's model-builder layout for a Llama model.
 
@@ -131,6 +132,9 @@ def build_genai_model(
     with past and present bound to one preallocated buffer [1, num_kv_heads, max_length, head_size]
     (``search.past_present_share_buffer`` is true) or with growing concatenated buffers.
 
+    :param local_window_size: a sliding window on every layer but the last (Gemma 2/3 and Mistral style, as
+        the builder writes it: GroupQueryAttention's ``local_window_size``, the query at position p sees keys at
+        p - local_window_size + 1 .. p); None: every layer attends to the whole sequence.
     :param vocab: the model's vocabulary; defaults to the tokenizer's (384). The tokenizer is trained with
         ``min(vocab, 384)`` entries, so a larger ``vocab`` leaves ids no text encodes to, as padded
         vocabularies of real models do.
@@ -141,7 +145,7 @@ def build_genai_model(
     dims.check()
     taps = _check_taps(aux_hidden_state_layers, num_layers)
     weights = _random_weights(dims, seed)
-    model = _genai_graph(weights, dims, hidden_states, taps, logits_all_positions, tree_inputs)
+    model = _genai_graph(weights, dims, hidden_states, taps, logits_all_positions, tree_inputs, local_window_size)
     if taps:
         helper.set_model_props(model, {AUX_LAYERS_METADATA_KEY: ",".join(map(str, taps))})
     onnx.save_model(model, folder / "model.onnx")
@@ -540,13 +544,14 @@ def _genai_graph(
     taps: tuple[int, ...],
     logits_all_positions: bool,
     tree_inputs: bool,
+    local_window_size: int | None = None,
 ) -> onnx.ModelProto:
     g = _Graph(weights)
     seqlens_k, total_length = _gqa_lengths(g)
     cos_table, sin_table = _rotary_tables(dims)
     cos, sin = g.tensor("cos_cache", cos_table), g.tensor("sin_cache", sin_table)
     tree = ("position_ids", "attention_bias") if tree_inputs else ()
-    attention = _gqa_attention(g, dims, [seqlens_k, total_length, cos, sin, *tree])
+    attention = _gqa_attention(g, dims, [seqlens_k, total_length, cos, sin, *tree], local_window_size)
     residuals = _decoder_layers(g, dims, _embed(g), attention, fused=True)
     last_only = not logits_all_positions
     _lm_head(g, residuals[-1], fused=True, hidden_states=hidden_states, last_only=last_only)
@@ -568,10 +573,15 @@ def _gqa_lengths(g: _Graph) -> tuple[str, str]:
     return seqlens_k, total_length
 
 
-def _gqa_attention(g: _Graph, dims: _Dims, shared_inputs: list[str]) -> _Attention:
-    """Attention through com.microsoft GroupQueryAttention, which writes present.{i}.key/value itself."""
+def _gqa_attention(
+    g: _Graph, dims: _Dims, shared_inputs: list[str], local_window_size: int | None = None
+) -> _Attention:
+    """Attention through com.microsoft GroupQueryAttention, which writes present.{i}.key/value itself (with
+    ``local_window_size`` on every layer but the last)."""
 
     def attend(layer: int, q: str, k: str, v: str) -> str:
+        windowed = local_window_size is not None and layer < dims.num_layers - 1
+        window = {"local_window_size": local_window_size} if windowed else {}
         name = f"/model/layers.{layer}/attn/GroupQueryAttention"
         inputs = [q, k, v, f"past_key_values.{layer}.key", f"past_key_values.{layer}.value", *shared_inputs]
         outputs = [f"{name}/output_0", f"present.{layer}.key", f"present.{layer}.value"]
@@ -586,6 +596,7 @@ def _gqa_attention(g: _Graph, dims: _Dims, shared_inputs: list[str]) -> _Attenti
             do_rotary=1,
             rotary_interleaved=0,
             scale=float(dims.head_size**-0.5),
+            **window,
         )[0]
 
     return attend

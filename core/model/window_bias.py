@@ -1,0 +1,201 @@
+"""Sliding-window layers that stay exact under tree verification: the window moves from the kernel to the bias.
+
+GroupQueryAttention's ``local_window_size`` (L) counts KV *slots*: the query in slot s sees slots s-L+1..s (L keys,
+itself included, as transformers' ``sliding_window``; measured on onnxruntime 1.32's CPU kernel). In a
+plain sequence slot and position coincide, so that is the model's sliding window. In a tree forward they do not:
+token i of a tree fed after P cached tokens sits in slot P+i but at position P+depth(i), so every sibling fed
+before it pushes one more prefix token out of its window (the kernel masks slots <= P+i-L where the model's
+window starts after P+depth(i)-L). An additive bias can only hide more, never show what the kernel hid, so no bias
+fixes that on the graph as exported.
+
+``rewrite()`` therefore turns the window off in the kernel (``local_window_size = -1``) on every windowed
+GroupQueryAttention node that reads the tree's ``attention_bias``, and gives those nodes a bias input of their own
+per window size, ``attention_bias_window_{L}``. The runner fills it with the tree (or causal) bias plus the window
+counted in positions: the query at position p sees the key at position q iff p - q < L. For a plain sequence
+that is the kernel's mask exactly; for a tree it is the plain forward of each token's path, for any prefix
+length. Layers without a window keep reading ``attention_bias``. Weights are never decoded (protowire splices the
+graph's bytes), so the onnx package is not needed.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from decoctl.model import protowire as pw
+
+__all__ = ["Kept", "Rewritten", "WindowBias", "rewrite"]
+
+# ModelProto.graph; GraphProto.node / input; NodeProto.input / output / op_type / attribute / domain;
+# AttributeProto.name / i; ValueInfoProto.name (field numbers from onnx.proto)
+_MODEL_GRAPH = 7
+_GRAPH_NODE, _GRAPH_INPUT = 1, 11
+_NODE_INPUT, _NODE_OUTPUT, _NODE_OP_TYPE, _NODE_ATTRIBUTE, _NODE_DOMAIN = 1, 2, 4, 5, 7
+_ATTR_NAME, _ATTR_I = 1, 3
+_VALUE_NAME = 1
+
+_MS_DOMAIN = "com.microsoft"
+_GQA = "GroupQueryAttention"
+_GQA_ATTENTION_BIAS = 10
+_WINDOW = "local_window_size"
+
+
+@attrs.frozen(kw_only=True)
+class WindowBias:
+    """A graph input that takes the bias of the layers with window ``window`` (GroupQueryAttention's
+    local_window_size: a query at position p sees keys at positions p - window + 1 .. p)."""
+
+    name: str
+    window: int
+
+
+@attrs.frozen(kw_only=True)
+class Rewritten:
+    """The rewritten ModelProto bytes and the window bias inputs it gained."""
+
+    model: bytes
+    windows: tuple[WindowBias, ...]
+
+
+@attrs.frozen(kw_only=True)
+class Kept:
+    """The graph stays as it is; ``reason`` says why."""
+
+    reason: str
+
+
+@attrs.define
+class _Node:
+    field: pw.Field
+    parts: list[pw.Field]
+    op_type: str = ""
+    domain: str = ""
+    inputs: list[str] = attrs.Factory(list)
+    outputs: list[str] = attrs.Factory(list)
+    window: int | None = None
+
+    @classmethod
+    def parse(cls, field: pw.Field) -> _Node:
+        node = cls(field=field, parts=list(pw.fields(field.payload)))
+        for part in node.parts:
+            if part.number == _NODE_INPUT:
+                node.inputs.append(part.text)
+            elif part.number == _NODE_OUTPUT:
+                node.outputs.append(part.text)
+            elif part.number == _NODE_OP_TYPE:
+                node.op_type = part.text
+            elif part.number == _NODE_DOMAIN:
+                node.domain = part.text
+            elif part.number == _NODE_ATTRIBUTE:
+                attribute = list(pw.fields(part.payload))
+                if any(a.number == _ATTR_NAME and a.text == _WINDOW for a in attribute):
+                    values = [a.number_value for a in attribute if a.number == _ATTR_I]
+                    node.window = _signed(values[0]) if values else None
+        return node
+
+    def input(self, slot: int) -> str:
+        return self.inputs[slot] if len(self.inputs) > slot else ""
+
+
+def rewrite(model: bytes, attention_bias: str) -> Rewritten | Kept:
+    """Move the window of every windowed GroupQueryAttention node that reads ``attention_bias`` (directly or
+    through one Cast to the compute type) into a bias input of its own; see the module docstring."""
+    model_fields = list(pw.fields(model))
+    graphs = [f for f in model_fields if f.number == _MODEL_GRAPH]
+    if len(graphs) != 1:
+        return Kept(reason="the file holds no single graph")
+    graph_fields = list(pw.fields(graphs[0].payload))
+    bias_info = next((f for f in graph_fields if f.number == _GRAPH_INPUT and _name(f) == attention_bias), None)
+    if bias_info is None:
+        return Kept(reason=f"the graph has no {attention_bias} input")
+    nodes = {id(f): _Node.parse(f) for f in graph_fields if f.number == _GRAPH_NODE}
+    casts = {
+        n.outputs[0]: n
+        for n in nodes.values()
+        if n.op_type == "Cast" and n.inputs == [attention_bias] and len(n.outputs) == 1
+    }
+    windowed = [
+        n
+        for n in nodes.values()
+        if n.op_type == _GQA
+        and n.domain == _MS_DOMAIN
+        and (n.window or 0) > 0
+        and (n.input(_GQA_ATTENTION_BIAS) == attention_bias or n.input(_GQA_ATTENTION_BIAS) in casts)
+    ]
+    if not windowed:
+        return Kept(reason=f"no windowed {_GQA} node reads {attention_bias}")
+    windows = tuple(
+        WindowBias(name=f"{attention_bias}_window_{size}", window=size)
+        for size in sorted({n.window for n in windowed if n.window is not None})
+    )
+    by_size = {w.window: w.name for w in windows}
+    new_casts: dict[tuple[str, int], tuple[str, bytes]] = {}
+    replaced: dict[int, bytes] = {}
+    for node in windowed:
+        assert node.window is not None
+        source = by_size[node.window]
+        read = node.input(_GQA_ATTENTION_BIAS)
+        if read != attention_bias:  # the bias reaches the node through a Cast: give the window input its own
+            key = (read, node.window)
+            if key not in new_casts:
+                output = f"{read}_window_{node.window}"
+                new_casts[key] = (output, _renamed_cast(casts[read], source, output))
+            source = new_casts[key][0]
+        replaced[id(node.field)] = pw.length_delimited(_GRAPH_NODE, _unwindowed(node, source))
+    new_inputs = [pw.length_delimited(_GRAPH_INPUT, _renamed_value(bias_info, w.name)) for w in windows]
+    kept: list[bytes] = [cast for _, cast in new_casts.values()]  # graph inputs only: topologically first
+    kept += [replaced.get(id(f), f.raw) for f in graph_fields]
+    new_graph = pw.length_delimited(_MODEL_GRAPH, [*kept, *new_inputs])
+    rebuilt = b"".join(new_graph if f is graphs[0] else f.raw for f in model_fields)
+    return Rewritten(model=rebuilt, windows=windows)
+
+
+def _unwindowed(node: _Node, bias_input: str) -> list[bytes]:
+    """The node's fields with local_window_size -1 and its attention-bias slot reading ``bias_input``."""
+    out: list[bytes] = []
+    slot = 0
+    for part in node.parts:
+        if part.number == _NODE_INPUT:
+            out.append(
+                pw.length_delimited(_NODE_INPUT, bias_input.encode()) if slot == _GQA_ATTENTION_BIAS else part.raw
+            )
+            slot += 1
+        elif part.number == _NODE_ATTRIBUTE and any(
+            a.number == _ATTR_NAME and a.text == _WINDOW for a in pw.fields(part.payload)
+        ):
+            attribute = [
+                pw.varint_field(_ATTR_I, -1) if a.number == _ATTR_I else a.raw for a in pw.fields(part.payload)
+            ]
+            out.append(pw.length_delimited(_NODE_ATTRIBUTE, attribute))
+        else:
+            out.append(part.raw)
+    return out
+
+
+def _renamed_cast(cast: _Node, source: str, output: str) -> bytes:
+    """A copy of ``cast`` (same attributes) from ``source`` to ``output``, with a name of its own."""
+    parts: list[bytes] = []
+    for part in cast.parts:
+        if part.number == _NODE_INPUT:
+            parts.append(pw.length_delimited(_NODE_INPUT, source.encode()))
+        elif part.number == _NODE_OUTPUT:
+            parts.append(pw.length_delimited(_NODE_OUTPUT, output.encode()))
+        elif part.number == 3:  # NodeProto.name
+            parts.append(pw.length_delimited(3, f"{part.text}_window".encode()))
+        else:
+            parts.append(part.raw)
+    return pw.length_delimited(_GRAPH_NODE, parts)
+
+
+def _renamed_value(value_info: pw.Field, name: str) -> list[bytes]:
+    return [
+        pw.length_delimited(_VALUE_NAME, name.encode()) if f.number == _VALUE_NAME else f.raw
+        for f in pw.fields(value_info.payload)
+    ]
+
+
+def _name(field: pw.Field) -> str:
+    return next((f.text for f in pw.fields(field.payload) if f.number == _VALUE_NAME), "")
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
