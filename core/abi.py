@@ -27,10 +27,10 @@ from typing import Any
 
 import attrs
 import numpy as np
-import structlog
 
 from decoctl.errors import AbiError, CapabilityError, ConfigError, ControllerError, PluginError, SequenceError
 from decoctl.host import Host, Sequence
+from decoctl.logs import get_logger
 from decoctl.specs import ControllerSpec, Option, normalise_name
 
 try:
@@ -53,7 +53,7 @@ __all__ = [
     "load_library",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ABI_MAJOR = 1
 ABI_MINOR = 2

@@ -3,34 +3,59 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
-import structlog
 
 from decoctl.bench import add_bench_parser, run_bench
 from decoctl.errors import DecoctlError, GenerationError
 from decoctl.generate import GenerationStats, Generator
 from decoctl.importers import IMPORTERS, import_model
 from decoctl.importers.registry import load_registry
+from decoctl.logs import LOGGER
+from decoctl.model.tokenizer import require_utf8
 from decoctl.plugins import PluginRegistry
 from decoctl.runfile import RunFile
 
 __all__ = ["main"]
 
 
-def _configure_logging(verbose: int) -> None:
-    level = logging.WARNING - 10 * verbose
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(max(level, logging.DEBUG)),
-        # look sys.stderr up when a logger is made, not now: it may be replaced (pytest, redirection)
-        logger_factory=lambda *_: structlog.PrintLogger(file=sys.stderr),
-        processors=[structlog.processors.add_log_level, structlog.dev.ConsoleRenderer(colors=False)],
-    )
+class _Stderr(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a record comes, not when the handler was made: pytest and redirections
+    replace it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"decoctl: {record.levelname.lower()}: {super().format(record)}"
+
+
+@contextlib.contextmanager
+def _logging_to_stderr(verbose: int) -> Iterator[None]:
+    """decoctl's events on stderr, warnings and up (-v info, -vv debug), for the command's duration only: a
+    program that calls main() finds its logging as it left it."""
+    logger = logging.getLogger(LOGGER)
+    handler = _Stderr()
+    handler.setFormatter(_Formatter())
+    level = logger.level
+    logger.setLevel(max(logging.WARNING - 10 * verbose, logging.DEBUG))
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _key_values(items: Sequence[str], what: str) -> dict[str, str]:
@@ -74,7 +99,10 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
     options.update(_key_values(args.option, "--option"))
     prompt = args.prompt if args.prompt is not None else (run.prompt if run else None)
     if prompt == "-":
-        prompt = sys.stdin.read()
+        prompt = _read_stdin()
+        require_utf8(prompt, "the prompt on standard input")
+    elif prompt is not None:
+        require_utf8(prompt, "the prompt")
     if prompt is None:
         raise DecoctlError("no prompt: give one as an argument, '-' for standard input, or in the run file")
 
@@ -100,23 +128,46 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         "seed": pick(args.seed, "seed", 0),
     }
     out = sys.stdout
+    # with --no-stream the pieces are collected rather than printed, so that an interrupt still prints them
+    pieces: list[str] = []
     try:
-        if args.no_stream:
-            result = generator.generate(prompt, **kwargs)
-            out.write(result.text)
-        else:
-            for piece in generator.stream(prompt, **kwargs):
+        for piece in generator.stream(prompt, **kwargs):
+            pieces.append(piece)
+            if not args.no_stream:
                 out.write(piece)
                 out.flush()
-            result = generator.last
+        if args.no_stream:
+            out.write("".join(pieces))
+        result = generator.last
     except GenerationError as exc:
         out.write(exc.text if args.no_stream else "")
         out.write("\n")
         _print_stats(exc.stats, args.stats)
         raise
+    except KeyboardInterrupt:
+        shown = 0 if args.no_stream else sum(map(len, pieces))
+        last = getattr(generator, "last", None)
+        # the interrupted generation's own record when the Generator keeps one (it also has what the step
+        # under way committed); else the pieces read so far
+        if last is not None and last.stats.stop_reason == "interrupted":
+            out.write(last.text[shown:] + "\n")
+            _print_stats(last.stats, args.stats)
+        else:
+            out.write("".join(pieces)[shown:] + "\n")
+        out.flush()
+        raise
     out.write("\n")
     _print_stats(result.stats, args.stats)
     return 0
+
+
+def _read_stdin() -> str:
+    """Standard input as text; bytes that are not UTF-8 are kept (as lone surrogates) for require_utf8 to name."""
+    binary = getattr(sys.stdin, "buffer", None)
+    if binary is None:  # replaced by a text stream (a test, an embedding program)
+        return sys.stdin.read()
+    data: bytes = binary.read()
+    return data.decode("utf-8", errors="surrogateescape")
 
 
 def _print_stats(stats: Any, mode: str) -> None:
@@ -176,7 +227,13 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
         from decoctl.resolve import resolve_model
 
         _, source = resolve_model(args.src, registry)
-        target = enable_tree(source, args.dst)
+        try:
+            target = enable_tree(source, args.dst)
+        except OSError as exc:
+            raise DecoctlError(
+                f"enable-tree cannot write {args.dst} ({exc.strerror or exc}{_on(exc)}): give a destination in a "
+                "folder you can write, with room for a copy of the model"
+            ) from exc
         print(f"wrote {target}: GroupQueryAttention now takes position_ids and attention_bias (forward(tree=...))")
         return 0
     if args.models_command == "import":
@@ -237,21 +294,56 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _configure_logging(args.verbose)
+    with _logging_to_stderr(args.verbose):
+        return _command(args)
+
+
+def _on(exc: OSError) -> str:
+    return f": {exc.filename}" if exc.filename else ""
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the parsed command; every failure ends as one line on stderr and an exit status: 2 for what decoctl
+    refuses (DecoctlError), 1 for what the system refused (OSError) or a bug, 130 for an interrupt."""
     try:
         registry = PluginRegistry()
-        if args.command == "generate":
-            return _run_generate(args, registry)
-        if args.command == "plugins":
-            return _run_plugins(args, registry)
-        if args.command == "models":
-            return _run_models(args, registry)
-        return run_bench(args, registry)
+        commands = {"generate": _run_generate, "plugins": _run_plugins, "models": _run_models, "bench": run_bench}
+        status = commands[args.command](args, registry)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught, not at exit
+        return status
+    except BrokenPipeError:
+        # the reader went away (`decoctl generate ... | head`): stop quietly, as Python's documentation has it,
+        # with stdout on devnull so that the flush at exit does not fail again
+        _stdout_to_devnull()
+        return 1
     except DecoctlError as exc:
         print(f"decoctl: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"decoctl: error: {exc.strerror or exc}{_on(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
+        print("decoctl: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug (in decoctl or a plugin): one line for the user, the traceback on request
+        if args.verbose >= 2:
+            traceback.print_exc()
+        print(
+            f"decoctl: error: unexpected {type(exc).__name__}: {exc} (a bug in decoctl or a plugin: run again with "
+            "-vv for the traceback and report it)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        fileno = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture): nothing will flush to a pipe
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fileno)
+    os.close(devnull)
 
 
 if __name__ == "__main__":

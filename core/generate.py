@@ -16,7 +16,6 @@ from typing import Any
 
 import attrs
 import numpy as np
-import structlog
 
 from decoctl.controllers import Controller
 from decoctl.errors import (
@@ -28,6 +27,7 @@ from decoctl.errors import (
     GeneratorInUseError,
 )
 from decoctl.host import TREE_TRANSFORM_HINT, Host, Sequence, role_flag
+from decoctl.logs import get_logger
 from decoctl.model.capabilities import FEATURES
 from decoctl.model.loader import LoadedModel, load_model
 from decoctl.output import Output, StopRules
@@ -38,7 +38,7 @@ from decoctl.specs import ControllerSpec, normalise_name, parse_options
 
 __all__ = ["GenerationResult", "GenerationStats", "Generator", "generate", "stream"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MIN_KV_LENGTH = 256
 

@@ -14,10 +14,10 @@ from typing import Any, TypeVar
 
 import attrs
 import pluggy
-import structlog
 
 from decoctl import builtin_plugin
 from decoctl.errors import PluginError
+from decoctl.logs import get_logger
 from decoctl.specs import ControllerSpec, ModelBundle, ProcessorSpec, normalise_name
 
 __all__ = ["ENTRY_POINT_GROUP", "PROJECT", "PluginRegistry", "hookimpl"]
@@ -26,7 +26,7 @@ PROJECT = "decoctl"
 ENTRY_POINT_GROUP = "decoctl"
 DISABLE_ENV = "DECOCTL_DISABLE_PLUGINS"
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)

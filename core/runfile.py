@@ -72,6 +72,10 @@ class RunFile:
             text = file.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"run file {file} cannot be read ({exc.strerror}): check the path") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"run file {file} is not UTF-8 text ({exc.reason} at byte {exc.start}): save it as UTF-8"
+            ) from None
         try:
             data = json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
         except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:

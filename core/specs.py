@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,6 @@ __all__ = ["ControllerSpec", "ModelBundle", "Option", "ProcessorSpec", "normalis
 def normalise_name(name: str) -> str:
     """Plugin names compare case-insensitively with '_' and '-' alike: "Prompt_Lookup" == "prompt-lookup"."""
     return name.strip().lower().replace("_", "-")
-
-
-_TYPES: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "str": str}
 
 
 def _to_bool(value: Any) -> bool:
@@ -44,10 +42,31 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
 
+    def __attrs_post_init__(self) -> None:
+        for bound, what in ((self.minimum, "minimum"), (self.maximum, "maximum")):
+            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int | float)):
+                raise ConfigError(f"option {self.name}: its {what} {bound!r} is not a number")
+            if bound is not None and not math.isfinite(bound):
+                raise ConfigError(f"option {self.name}: its {what} {bound!r} is not finite: leave it unset instead")
+        if self.minimum is not None and self.maximum is not None and self.minimum > self.maximum:
+            raise ConfigError(f"option {self.name}: its minimum {self.minimum} is above its maximum {self.maximum}")
+        if self.default is not None:
+            # a default is a value like any other: one that breaks its own schema is the plugin's bug, caught
+            # when the plugin lists its options, not when a user happens to leave the option out
+            try:
+                self.convert(self.default, "the default of")
+            except ConfigError as exc:
+                raise ConfigError(f"{exc}: fix the option's default or its bounds") from None
+
     def convert(self, value: Any, owner: str) -> Any:
+        """``value`` as this option's type, checked against its choices and bounds; ConfigError otherwise.
+
+        Strings are parsed ("0.8", "true"); a bool is not a number (a TOML ``true`` for a float option is an
+        error), a float is an int only when it is whole, and a float must be finite (no nan, no inf).
+        """
         try:
-            converted = _to_bool(value) if self.type == "bool" else _TYPES[self.type](value)
-        except (TypeError, ValueError) as exc:
+            converted = self._typed(value)
+        except (TypeError, ValueError, OverflowError) as exc:
             raise ConfigError(f"{owner} option {self.name}={value!r} is not a {self.type}: {exc}") from None
         if self.choices and converted not in self.choices:
             raise ConfigError(f"{owner} option {self.name}={converted!r} must be one of {list(self.choices)}")
@@ -56,6 +75,22 @@ class Option:
         if self.maximum is not None and converted > self.maximum:
             raise ConfigError(f"{owner} option {self.name}={converted!r} must be at most {self.maximum}")
         return converted
+
+    def _typed(self, value: Any) -> Any:
+        if self.type == "bool":
+            return _to_bool(value)
+        if self.type == "str":
+            return str(value)
+        if isinstance(value, bool):
+            raise TypeError("a boolean is not a number (write a number)")
+        if self.type == "int":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError("not a whole number")
+            return int(value)
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError("not a finite number (nan and infinities are refused)")
+        return number
 
 
 def parse_options(owner: str, schema: tuple[Option, ...], given: Mapping[str, Any]) -> dict[str, Any]:

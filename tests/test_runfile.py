@@ -76,3 +76,10 @@ def test_controller_options_in_a_run_file_are_checked(
     path = write(tmp_path, f'[roles]\ntarget = "{genai_model}"\n[controller]\nname = "greedy"\noptions = {{ k = 4 }}\n')
     assert main(["generate", "x", "--config", str(path)]) == 2
     assert "controller 'greedy' has no option 'k'" in capsys.readouterr().err
+
+
+def test_a_run_file_that_is_not_utf8_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_bytes(b'[generation]\nprompt = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(invalid continuation byte at byte 26\): save it as"):
+        RunFile.load(path)

@@ -6,11 +6,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-import structlog
+from decoctl.logs import get_logger
 
 __all__ = ["Steps"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Steps:

@@ -23,11 +23,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import attrs
-import structlog
+
+from decoctl.logs import get_logger
 
 __all__ = ["HugePageReport", "collapse", "contiguous_allocations", "enabled"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14

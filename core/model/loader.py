@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 from pathlib import Path
 
 import attrs
 import onnxruntime as ort
-import structlog
 
 from decoctl.errors import ConfigError, ModelLoadError
-from decoctl.model import fed_lengths, huge_pages, window_bias
+from decoctl.logs import get_logger
+from decoctl.model import fed_lengths, huge_pages, protowire, window_bias
 from decoctl.model.capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model.spec import ModelSpec
 from decoctl.model.tokenizer import Tokenizer
 
 __all__ = ["LoadedModel", "default_threads", "load_model", "session_options"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 #: onnxruntime's session config key for where a graph loaded from memory finds its external data
@@ -34,14 +35,20 @@ def default_threads() -> int:
 def session_options(threads: int | None) -> ort.SessionOptions:
     """The session settings every contender shares, so that comparisons are fair."""
     count = default_threads() if threads is None else threads
-    if count < 1:
-        raise ConfigError(f"threads={count} is not a thread count: give 1 or more (default {default_threads()})")
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
+        raise ConfigError(f"threads={count!r} is not a thread count: give 1 or more (default {default_threads()})")
+    cores = os.cpu_count() or 1
+    if count > cores:
+        # allowed (a benchmark may want it), but threads beyond the cores only wait for each other
+        log.warning("decoctl.threads_above_cores", threads=count, cores=cores, hint=f"use {cores} or fewer")
     options = ort.SessionOptions()
     options.intra_op_num_threads = count
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
+    # fatal only: onnxruntime would print its errors (a C++ dump) to stderr before raising them, and decoctl
+    # reports every one it raises, with the file and the fix
+    options.log_severity_level = 4
     return options
 
 
@@ -85,6 +92,9 @@ def load_model(
                 options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(spec.onnx_file.parent))
                 session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types; all mean "not loadable"
+        damaged = _external_data_problem(spec.onnx_file)
+        if damaged:
+            raise ModelLoadError(f"onnxruntime could not load {spec.onnx_file}: {damaged}") from exc
         raise ModelLoadError(
             f"onnxruntime could not load {spec.onnx_file} ({type(exc).__name__}: {exc}): the file is corrupt "
             "or was exported for a newer onnxruntime; re-export it"
@@ -95,11 +105,7 @@ def load_model(
         session, spec, rewritten.inputs if rewritten else None, windowed.windows if windowed else ()
     )
     tokenizer = Tokenizer.from_file(spec.tokenizer_file, bos_token_id=spec.bos_token_id, add_bos=spec.add_bos)
-    if tokenizer.vocab_size > spec.vocab_size:
-        raise ModelLoadError(
-            f"{spec.tokenizer_file} has {tokenizer.vocab_size} tokens but the model's vocabulary is "
-            f"{spec.vocab_size}: the tokenizer belongs to another model"
-        )
+    _check_vocabulary(spec, session, tokenizer)
     model = LoadedModel(
         name=name or spec.path.name,
         spec=spec,
@@ -117,6 +123,79 @@ def load_model(
         fed_lengths=rewritten is not None,
     )
     return model
+
+
+def _check_vocabulary(spec: ModelSpec, session: ort.InferenceSession, tokenizer: Tokenizer) -> None:
+    """The config's vocab_size and special ids against the graph's logits width, and the tokenizer against
+    both: a mismatch raises now, with the file to fix, rather than in onnxruntime at the first forward."""
+    config = spec.path / ("genai_config.json" if spec.layout == "genai" else "config.json")
+    logits = next((o for o in session.get_outputs() if o.name == spec.logits_name), None)
+    width = logits.shape[-1] if logits is not None and logits.shape else None
+    if isinstance(width, int) and width != spec.vocab_size:
+        raise ModelLoadError(
+            f"{config} says vocab_size {spec.vocab_size} but the graph's {spec.logits_name} output has {width} "
+            f"entries per token: set vocab_size to {width} (or re-export the model with its config)"
+        )
+    for what, ids in (("eos_token_id", spec.eos_token_ids), ("bos_token_id", (spec.bos_token_id,))):
+        bad = [i for i in ids if i is not None and not 0 <= i < spec.vocab_size]
+        if bad:
+            raise ModelLoadError(
+                f"{config}: {what} {bad[0]} is not a token of the model (its vocabulary is 0..{spec.vocab_size - 1}):"
+                " fix the config"
+            )
+    # the graph may have more rows than the tokenizer has tokens (vocabularies padded to a multiple of 64 or
+    # 128, as Qwen2's and Phi-3's are), and a tokenizer may carry special tokens added past the graph's rows
+    # (image or tool markers) that ordinary text does not encode to; but a base vocabulary larger than the
+    # graph means ordinary text encodes to ids the graph has no row for: the tokenizer belongs to another model
+    if tokenizer.base_vocab_size > spec.vocab_size:
+        raise ModelLoadError(
+            f"{spec.tokenizer_file} has {tokenizer.base_vocab_size} tokens but the model's vocabulary is "
+            f"{spec.vocab_size}: the tokenizer belongs to another model"
+        )
+
+
+def _external_data_problem(onnx_file: Path) -> str | None:
+    """What is wrong with the external data files the graph's weights point into (missing, or shorter than
+    the offsets and lengths the graph gives), or None where nothing is (or the graph cannot be read)."""
+    try:
+        if onnx_file.stat().st_size > MAX_REWRITTEN_BYTES:
+            return None  # weights inside the graph file: nothing points outside it
+        needed = _external_data_extents(onnx_file.read_bytes())
+    except (OSError, ModelLoadError, UnicodeDecodeError, ValueError):
+        return None
+    for location, end in sorted(needed.items()):
+        path = onnx_file.parent / location
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"its weights file {path} is missing: copy it next to {onnx_file.name} again"
+        if size < end:
+            return (
+                f"its weights file {path} is {size} bytes but the graph reads up to byte {end}: the file is "
+                "truncated (an interrupted copy or download); copy or download it again"
+            )
+    return None
+
+
+# ModelProto.graph, GraphProto.initializer, TensorProto.external_data, StringStringEntryProto.key / .value
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_EXTERNAL_DATA, _ENTRY_KEY, _ENTRY_VALUE = 7, 5, 13, 1, 2
+
+
+def _external_data_extents(model: bytes) -> dict[str, int]:
+    """External data file (relative location) -> the end of the last byte range the graph's initializers read."""
+    ends: dict[str, int] = {}
+    for graph in (f for f in protowire.fields(model) if f.number == _MODEL_GRAPH):
+        for tensor in (f for f in protowire.fields(graph.payload) if f.number == _GRAPH_INITIALIZER):
+            entries = {}
+            for entry in (f for f in protowire.fields(tensor.payload) if f.number == _TENSOR_EXTERNAL_DATA):
+                parts = {
+                    p.number: p.text for p in protowire.fields(entry.payload) if p.number in (_ENTRY_KEY, _ENTRY_VALUE)
+                }
+                entries[parts.get(_ENTRY_KEY, "")] = parts.get(_ENTRY_VALUE, "")
+            if "location" in entries and "length" in entries:
+                end = int(entries.get("offset") or 0) + int(entries["length"])
+                ends[entries["location"]] = max(ends.get(entries["location"], 0), end)
+    return ends
 
 
 def _window_in_bias(spec: ModelSpec, graph: bytes | None) -> window_bias.Rewritten | None:

@@ -15,14 +15,13 @@ import hashlib
 import os
 from pathlib import Path
 
-import structlog
-
 from decoctl.errors import ConfigError, ModelLoadError
+from decoctl.logs import get_logger
 from decoctl.model.transform import GENAI_CONFIG, disable_tree, has_tree_inputs
 
 __all__ = ["cache_dir", "plain_twin"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: part of every key: a change to how twins are written gives new ones instead of reusing old ones
 _FORMAT = "1"

@@ -9,11 +9,25 @@ import attrs
 from tokenizers import Tokenizer as HfTokenizer
 from tokenizers.decoders import DecodeStream
 
-from decoctl.errors import ModelLoadError
+from decoctl.errors import ConfigError, ModelLoadError
 
-__all__ = ["IncrementalDetokenizer", "Tokenizer"]
+__all__ = ["IncrementalDetokenizer", "Tokenizer", "require_utf8"]
 
 CONTEXT = 8  # tokens decoded before the held-back ones when flushing, as tokenizers' DecodeStream does
+
+
+def require_utf8(text: str, what: str) -> None:
+    """Raise ConfigError when ``text`` cannot be written as UTF-8: it holds bytes that were not UTF-8 (which
+    Python keeps as lone surrogates, as in sys.argv or a stream read with errors="surrogateescape")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        found = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
+        raise ConfigError(
+            f"{what} is not valid UTF-8 text ({found} at character {exc.start}): give UTF-8 text (convert it "
+            "with `iconv -t UTF-8`, or fix the encoding in your editor)"
+        ) from None
 
 
 @attrs.define
@@ -21,12 +35,15 @@ class Tokenizer:
     """A tokenizer.json plus the model's BOS rule.
 
     ``add_bos``: prepend ``bos_token_id`` to every prompt (models trained with BOS degenerate without it).
+    ``vocab_size``: every token, added ones included; ``base_vocab_size``: the model's own vocabulary, without
+    the tokens added on top of it (special tokens a model may have no embedding row for).
     """
 
     _inner: HfTokenizer
     _bos_token_id: int | None
     _add_bos: bool
     vocab_size: int
+    base_vocab_size: int
 
     @classmethod
     def from_file(cls, path: Path, *, bos_token_id: int | None, add_bos: bool) -> Tokenizer:
@@ -41,11 +58,22 @@ class Tokenizer:
             raise ModelLoadError(
                 f"{path.parent} asks for a BOS token but its config has no bos_token_id: add one to the config"
             )
-        return cls(inner, bos_token_id, add_bos, inner.get_vocab_size(with_added_tokens=True))
+        return cls(
+            inner,
+            bos_token_id,
+            add_bos,
+            inner.get_vocab_size(with_added_tokens=True),
+            inner.get_vocab_size(with_added_tokens=False),
+        )
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of a prompt, BOS first when the model wants it."""
-        ids = self._inner.encode(text, add_special_tokens=False).ids
+        """Token ids of a prompt, BOS first when the model wants it; text that is not valid Unicode (bytes that
+        were not UTF-8, kept as lone surrogates) raises ConfigError."""
+        try:
+            ids = self._inner.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            require_utf8(text, "the prompt")  # tokenizers says only "TextInputSequence must be str"
+            raise
         if self._add_bos and self._bos_token_id is not None and (not ids or ids[0] != self._bos_token_id):
             ids.insert(0, self._bos_token_id)
         return ids

@@ -20,14 +20,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from decoctl.errors import ConfigError, ModelLoadError
+from decoctl.logs import get_logger
 from decoctl.model import protowire as pw
 
 __all__ = ["ATTENTION_BIAS", "POSITION_IDS", "disable_tree", "enable_tree"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 POSITION_IDS = "position_ids"
 ATTENTION_BIAS = "attention_bias"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from typing import Any
 
@@ -30,12 +31,27 @@ def parse_structured(text: str) -> Any:
 
 def _token(value: Any, owner: str) -> int:
     try:
+        if isinstance(value, bool):
+            raise TypeError("a boolean")
         token = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{owner}: {value!r} is not a token id (a non-negative integer)") from None
     if token < 0 or token != float(value):
         raise ConfigError(f"{owner}: {value!r} is not a token id (a non-negative integer)")
     return token
+
+
+def _bias(value: Any, owner: str, what: str) -> float:
+    """A bias: a number, or -inf (the token is never produced); nan and +inf would poison the whole row."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError("a boolean")
+        amount = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{owner}: bias {value!r} of {what} is not a number") from None
+    if math.isnan(amount) or amount == math.inf:
+        raise ConfigError(f"{owner}: bias {value!r} of {what} must be a finite number or -inf (never produced)")
+    return amount
 
 
 def _looks_structured(text: str) -> bool:
@@ -92,10 +108,7 @@ def parse_bias(text: str, owner: str) -> dict[int, float]:
             pairs.append((token, bias))
     biases: dict[int, float] = {}
     for token, bias in pairs:
-        try:
-            amount = float(bias)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{owner}: bias {bias!r} of token {token!r} is not a number") from None
+        amount = _bias(bias, owner, f"token {token!r}")
         key = _token(token, owner)
         biases[key] = biases.get(key, 0.0) + amount
     if not biases:
@@ -120,10 +133,7 @@ def parse_sequence_bias(text: str, owner: str) -> tuple[tuple[tuple[int, ...], f
             items.append((tokens.split(), bias))
     parsed = []
     for tokens, bias in items:
-        try:
-            amount = float(bias)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{owner}: bias {bias!r} is not a number") from None
+        amount = _bias(bias, owner, f"sequence {tokens!r}")
         sequence = tuple(_token(t, owner) for t in (tokens if isinstance(tokens, list) else [tokens]))
         if not sequence:
             raise ConfigError(f"{owner}: an empty token sequence in {text!r}")

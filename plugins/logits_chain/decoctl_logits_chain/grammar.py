@@ -11,15 +11,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import structlog
 
 from decoctl import ConfigError, ControllerError, ProcessContext
+from decoctl.logs import get_logger
 from decoctl_logits_chain._parse import parse_structured
 from decoctl_logits_chain.base import NEG_INF, Processor
 
 __all__ = ["KINDS", "Grammar", "compile_grammar"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 KINDS = ("regex", "json_schema", "lark")
 OWNER = "logits processor 'grammar'"
