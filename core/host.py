@@ -23,6 +23,7 @@ import numpy as np
 
 from decoctl.errors import CapabilityError, ConfigError, SequenceError
 from decoctl.model.capabilities import FEATURES
+from decoctl.model.kv_cache import KVCache
 from decoctl.model.loader import LoadedModel
 from decoctl.model.runner import Runner, RunOutputs
 from decoctl.model.tree import Tree
@@ -97,11 +98,18 @@ class Sequence:
     """One role's tokens and KV cache. Controllers get it from ``host[role]``."""
 
     def __init__(
-        self, role: str, model: LoadedModel, *, max_length: int | None = None, debug: bool | None = None
+        self,
+        role: str,
+        model: LoadedModel,
+        *,
+        max_length: int | None = None,
+        debug: bool | None = None,
+        kv: KVCache | None = None,
     ) -> None:
         self.role = role
         self.model = model
-        self._runner = Runner(model, max_length)
+        # ``kv``: one row of the role's batched buffers when the role holds several rows (decoctl.rows)
+        self._runner = Runner(model, max_length, kv)
         self._tokens = np.zeros(self._runner.max_length, np.int64)
         self._logits: np.ndarray | None = None
         self._hidden: np.ndarray | None = None
@@ -409,6 +417,41 @@ class Sequence:
         self.stats.tree_forwards += 1
         self._fed = (first, parsed.size, parsed)
         return rows
+
+    # -- rows (decoctl.rows): the role's batched buffer drives these on each of its rows -------------------------
+    def _check_settled(self, what: str) -> None:
+        """Refuse to copy or batch-step a row that still holds a whole tree (keep or rewind first)."""
+        fed = self._fed
+        if fed is not None and fed[2] is not None and not fed[2].is_chain:
+            raise SequenceError(
+                f"{what} on role {self.role!r}: a row still holds every token of its last tree forward; call "
+                "keep(path) or rewind() on it first"
+            )
+
+    def _check_steppable(self, row: int) -> None:
+        self._check_settled(f"step() on row {row}")
+        if self.length >= self.max_length:
+            raise SequenceError(
+                f"step() on role {self.role!r} row {row}: its KV cache is full ({self.max_length} positions); "
+                "release or rewind it"
+            )
+        if self.model.capabilities.feature_input is not None:
+            raise CapabilityError(
+                f"step() over several rows of role {self.role!r}: model {self.model.name} takes {FEATURES} per "
+                "token, which batched steps do not feed; forward each row with its features instead"
+            )
+
+    def _adopt_tokens(self, tokens: np.ndarray) -> None:
+        """The row's KV cache was replaced by another row's (fork, reorder): take that row's tokens too."""
+        self._tokens[: len(tokens)] = tokens
+        self._invalidate()
+
+    def _stepped(self, token: int, outputs: RunOutputs, seconds: float) -> None:
+        """A batched step fed ``token`` to this row and wrote its key and value at the row's length."""
+        start = self._runner.kv.length
+        self._runner.kv.advance(1)
+        self._took(start, (token,), outputs, time.perf_counter() - seconds)
+        self._fed = (start, 1, None)
 
     def _invalidate(self, *, keep_outputs: bool = False) -> None:
         self._epoch += 1

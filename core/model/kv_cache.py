@@ -69,12 +69,22 @@ class KVCache(abc.ABC):
 
 
 class SharedKVCache(KVCache):
-    """past == present: [1, kv_heads, max_length, head_size] per tensor, bound once."""
+    """past == present: [1, kv_heads, max_length, head_size] per tensor, bound once. ``buffers`` (one
+    (key, value) pair per layer, C-contiguous, that shape): memory owned by someone else, such as one row of a
+    role's batched buffers (decoctl.model.kv_rows); None allocates its own."""
 
-    def __init__(self, spec: ModelSpec, dtype: np.dtype[Any], max_length: int) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        dtype: np.dtype[Any],
+        max_length: int,
+        buffers: list[tuple[np.ndarray, np.ndarray]] | None = None,
+    ) -> None:
         super().__init__(spec, dtype, max_length)
         shape = (1, spec.num_kv_heads, max_length, spec.head_size)
-        self._buffers = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(spec.num_layers)]
+        if buffers is None:
+            buffers = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(spec.num_layers)]
+        self._buffers = buffers
         self._bound: set[int] = set()
 
     def bind(self, binding: ort.IOBinding, n: int) -> None:

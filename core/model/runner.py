@@ -91,11 +91,12 @@ class Runner:
     input; the caller checks its shape.
     """
 
-    def __init__(self, model: LoadedModel, max_length: int | None = None) -> None:
+    def __init__(self, model: LoadedModel, max_length: int | None = None, kv: KVCache | None = None) -> None:
         spec = model.spec
         self.model = model
         self.max_length = min(max_length or spec.max_length, spec.context_length)
-        self.kv: KVCache = make_kv_cache(model.session, spec, self.max_length)
+        # ``kv``: a cache someone else allocated (one row of a role's batched buffers, decoctl.model.kv_rows)
+        self.kv: KVCache = kv if kv is not None else make_kv_cache(model.session, spec, self.max_length)
         self._session = model.session
         self._binding = model.session.io_binding()
         self._fast = _FastCalls(model.session, self._binding)

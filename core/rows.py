@@ -1,0 +1,156 @@
+"""Several rows of one role: fork, reorder, release, and a one-token step over many rows in one Run.
+
+rows = host.rows("target")        # row 0 is host["target"] itself
+r = rows.fork(0)                  # a new row with row 0's tokens and KV (copied, not recomputed)
+logits = rows.step([t0, t1])      # one token for each live row, one onnxruntime Run: float32[2, vocab]
+rows.reorder([1, 1])              # beam search: rows 0 and 1 both continue what row 1 was
+rows.release(r)
+rows[r].forward(tokens)           # any single-sequence primitive on one row (trees, keep, rewind, ...)
+
+Each row is a Sequence of its own over its slice of the role's batched KV buffer (decoctl.model.kv_rows), so
+every single-sequence primitive works per row unchanged, multi-token forwards included (they run one row at a
+time: GroupQueryAttention refuses them at batch > 1). Only the one-token step is batched. Rows need a
+shared-buffer (onnxruntime-genai layout) model; a concat-cache model holds one row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
+
+import numpy as np
+
+from decoctl.errors import CapabilityError, SequenceError
+from decoctl.host import Sequence
+from decoctl.model.batch_step import BatchStep
+from decoctl.model.kv_cache import kv_dtype
+from decoctl.model.kv_rows import SharedKVRows
+from decoctl.model.loader import LoadedModel
+from decoctl.model.runner import RunOutputs
+
+__all__ = ["Rows"]
+
+
+class Rows:
+    """The rows of one role (see the module docstring). Row ids are stable until released; the lowest free id
+    is reused first. ``capacity`` rows at most."""
+
+    def __init__(
+        self, role: str, model: LoadedModel, *, capacity: int, max_length: int | None = None, debug: bool | None = None
+    ) -> None:
+        spec = model.spec
+        if capacity > 1 and not spec.share_buffer:
+            raise CapabilityError(
+                f"role {role!r} needs {capacity} rows, but model {model.name} keeps a concatenated KV cache "
+                "(Optimum layout), which decoctl runs one row at a time: use an onnxruntime-genai builder export "
+                "(GroupQueryAttention with a shared buffer) for several rows"
+            )
+        length = min(max_length or spec.max_length, spec.context_length)
+        self.role = role
+        self.model = model
+        self.capacity = capacity
+        self._kv = SharedKVRows(spec, kv_dtype(model.session, spec), length, capacity) if capacity > 1 else None
+        self._debug = debug
+        self._rows: list[Sequence | None] = [self._new_row(0)] + [None] * (capacity - 1)
+        self._step: BatchStep | None = None
+
+    def _new_row(self, row: int) -> Sequence:
+        kv = None if self._kv is None else self._kv.caches[row]
+        length = None if self._kv is None else self._kv.max_length
+        return Sequence(self.role, self.model, max_length=length, debug=self._debug, kv=kv)
+
+    # -- queries ------------------------------------------------------------------------------------------
+    def __getitem__(self, row: int) -> Sequence:
+        sequence = self._rows[row] if 0 <= row < self.capacity else None
+        if sequence is None:
+            raise SequenceError(
+                f"role {self.role!r} has no row {row}: its live rows are {list(self.ids)} (fork one to add a row)"
+            )
+        return sequence
+
+    def __len__(self) -> int:
+        return sum(r is not None for r in self._rows)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return (r for r in self._rows if r is not None)
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """The live row ids, in increasing order."""
+        return tuple(i for i, r in enumerate(self._rows) if r is not None)
+
+    # -- primitives -----------------------------------------------------------------------------------------
+    def fork(self, row: int = 0) -> int:
+        """A new row holding row ``row``'s tokens and KV cache (copied); returns its id."""
+        source = self[row]
+        free = next((i for i, r in enumerate(self._rows) if r is None), None)
+        if free is None or self._kv is None:
+            raise SequenceError(
+                f"fork({row}) on role {self.role!r}: all {self.capacity} rows are live; release one first, or ask "
+                "for more rows (the controller's rows option sizes the buffer)"
+            )
+        source._check_settled(f"fork({row})")
+        sequence = self._new_row(free)
+        self._kv.copy_row(row, free)
+        sequence._adopt_tokens(source.tokens)
+        self._rows[free] = sequence
+        return free
+
+    def release(self, row: int) -> None:
+        """Free row ``row`` (not row 0, which is the role itself); its id may be reused by the next fork."""
+        self[row]
+        if row == 0:
+            raise SequenceError(f"release(0) on role {self.role!r}: row 0 is the role's own sequence; rewind it")
+        self._rows[row] = None
+
+    def reorder(self, parents: Seq[int] | np.ndarray) -> None:
+        """Rows 0..k-1 (k = len(parents)) continue rows ``parents`` as they are now: row i takes row parents[i]'s
+        tokens and KV cache (beam search). Every row named must be live; outputs of rows 0..k-1 are dropped."""
+        order = np.asarray(parents, dtype=np.int64).reshape(-1)
+        sources = [self[int(p)] for p in order]
+        rows = [self[i] for i in range(len(order))]
+        for sequence in (*sources, *rows):
+            sequence._check_settled("reorder()")
+        if self._kv is None:
+            return  # one row: reorder([0]) is the only valid call
+        tokens = [source.tokens.copy() for source in sources]
+        self._kv.gather_rows(order)
+        for sequence, kept in zip(rows, tokens, strict=True):
+            sequence._adopt_tokens(kept)
+
+    def step(self, tokens: Seq[int] | np.ndarray, rows: Seq[int] | None = None) -> np.ndarray:
+        """Feed ``tokens[i]`` to row ``rows[i]`` (default: every live row in id order) in one onnxruntime Run;
+        return float32[k, vocab], row i predicting the token after tokens[i] (host-owned; each row's slice is
+        also that row's ``logits()`` until its next forward or rewind)."""
+        ids = np.asarray(self.ids if rows is None else rows, dtype=np.int64).reshape(-1)
+        fed = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if len(ids) != len(fed):
+            raise SequenceError(f"step() got {len(fed)} tokens for {len(ids)} rows: give one token per row")
+        if len(set(ids.tolist())) != len(ids):
+            raise SequenceError(f"step(): rows {ids.tolist()} name a row twice")
+        sequences = [self[int(r)] for r in ids]
+        vocab = self.model.spec.vocab_size
+        for row, sequence, token in zip(ids, sequences, fed, strict=True):
+            if not 0 <= token < vocab:
+                raise SequenceError(
+                    f"step(): token {int(token)} for row {int(row)} is outside the vocabulary 0..{vocab - 1}"
+                )
+            sequence._check_steppable(int(row))
+        if self._kv is None:  # one row: the row's own one-token forward
+            return np.asarray(sequences[0].forward((int(fed[0]),)))
+        span = int(ids.max()) + 1
+        lengths = np.array([self._kv.caches[r].length for r in range(span)], np.int64)
+        every = np.zeros(span, np.int64)
+        every[ids] = fed
+        if self._step is None:
+            self._step = BatchStep(self.model, self._kv)
+        begin = time.perf_counter()
+        outputs = self._step.run(every, lengths)
+        seconds = time.perf_counter() - begin
+        for row, sequence, token in zip(ids, sequences, fed, strict=True):
+            r = int(row)
+            hidden = None if outputs.hidden is None else outputs.hidden[r : r + 1]
+            aux = None if outputs.aux is None else outputs.aux[r : r + 1]
+            sequence._stepped(int(token), RunOutputs(outputs.logits[r : r + 1], hidden, aux), seconds / len(ids))
+        return outputs.logits[ids] if not np.array_equal(ids, np.arange(span)) else outputs.logits
