@@ -219,6 +219,7 @@ def build_contenders(
     roles: dict[str, str],
     threads: int,
     registry: PluginRegistry,
+    huge_pages: bool = False,
 ) -> list[tuple[str, Contender]]:
     roles = {**bundle_roles(model, registry), **roles}
     contenders: list[tuple[str, Contender]] = []
@@ -235,9 +236,9 @@ def build_contenders(
                 raise ConfigError(f"contender {spec.name} takes no options but model=PATH")
             if own not in loaded:
                 reference = own if own is not None else model
-                loaded[own] = Generator({"target": reference}, "greedy", threads=threads, registry=registry).models[
-                    "target"
-                ]
+                loaded[own] = Generator(
+                    {"target": reference}, "greedy", threads=threads, registry=registry, huge_pages=huge_pages
+                ).models["target"]
             target = loaded[own]
             if spec.name == "raw-ort":
                 contender = RawOrtContender(target, threads)
@@ -257,7 +258,13 @@ def build_contenders(
             # few percent (where their memory landed), which would otherwise show up as a difference of strategy
             role_models = {role: opened.get((role, ref), ref) for role, ref in references.items()}
             generator = Generator(
-                role_models, spec.name, options=options, processors=processors, threads=threads, registry=registry
+                role_models,
+                spec.name,
+                options=options,
+                processors=processors,
+                threads=threads,
+                registry=registry,
+                huge_pages=huge_pages,
             )
             for role, loaded_model in generator.models.items():
                 opened.setdefault((role, references.get(role)), loaded_model)
@@ -478,6 +485,15 @@ def plot(report: BenchReport, path: str) -> None:
     plt.close(figure)
 
 
+#: the command line's --no-huge-pages (generate and bench): what the default does to the process, and the way out
+HUGE_PAGES_HELP = (
+    "leave the process's memory settings alone. By default the command puts the models' weights on 2 MiB pages "
+    "(glibc's mmap threshold raised while a model loads, then madvise(MADV_HUGEPAGE/MADV_COLLAPSE) over the "
+    "process's large resident memory), for faster and steadier steps on CPU. The Python API does neither "
+    "unless asked (load_model(huge_pages=True), Generator(huge_pages=True))"
+)
+
+
 def add_bench_parser(commands: Any) -> None:
     bench = commands.add_parser("bench", help="run contenders side by side and compare tokens/s")
     bench.add_argument("--model", "-m", help="registered model name or folder (default: the demo model)")
@@ -509,6 +525,7 @@ def add_bench_parser(commands: Any) -> None:
         default=3,
         help="verify-cost calibration: (1-token, n-token) forward pairs per size, per repeat (default 3)",
     )
+    bench.add_argument("--no-huge-pages", action="store_true", help=HUGE_PAGES_HELP)
 
 
 def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
@@ -542,9 +559,13 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
     roles = dict(r.split("=", 1) for r in args.role)
     if args.draft:
         roles["draft"] = args.draft
-    contenders = build_contenders(specs, model=args.model, roles=roles, threads=threads, registry=registry)
-    # every contender's weights on huge pages alike, onnxruntime-genai's and raw-ort's sessions included
-    huge_pages.collapse()
+    huge = not args.no_huge_pages
+    contenders = build_contenders(
+        specs, model=args.model, roles=roles, threads=threads, registry=registry, huge_pages=huge
+    )
+    if huge:
+        # every contender's weights on huge pages alike, onnxruntime-genai's and raw-ort's sessions included
+        huge_pages.collapse()
     base = dict(contenders)[args.baseline]
     if not isinstance(base, ControllerContender):
         raise ConfigError("the baseline must be a decoctl controller (greedy by default)")

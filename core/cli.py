@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from decoctl.bench import add_bench_parser, run_bench
+from decoctl.bench import HUGE_PAGES_HELP, add_bench_parser, run_bench
 from decoctl.errors import DecoctlError, GenerationError
 from decoctl.generate import GenerationStats, Generator
 from decoctl.importers import IMPORTERS, import_model
@@ -85,6 +85,7 @@ def _add_generate(commands: Any) -> None:
     gen.add_argument("--config", help="a run file (TOML or JSON) declaring roles, controller, limits")
     gen.add_argument("--no-stream", action="store_true", help="print the text at the end instead of streaming")
     gen.add_argument("--stats", choices=("text", "json", "none"), default="text", help="statistics at the end")
+    gen.add_argument("--no-huge-pages", action="store_true", help=HUGE_PAGES_HELP)
 
 
 def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
@@ -120,6 +121,7 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         threads=pick(args.threads, "threads", None),
         prefill_chunk=pick(args.prefill_chunk, "prefill_chunk", None),
         registry=registry,
+        huge_pages=not args.no_huge_pages,
     )
     stop = tuple(args.stop) or (run.stop if run else ())
     kwargs = {

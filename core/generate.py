@@ -136,6 +136,8 @@ class Generator:
     :param processors: a chain string ``"top_k=40,temperature=0.8"`` or a list of tables.
     :param threads: intra-op threads for every model (default: onnxruntime-genai's cores/2).
     :param prefill_chunk: feed the prompt in chunks of this many tokens (None: one pass).
+    :param huge_pages: load the models with ``load_model(huge_pages=True)``: their weights on 2 MiB pages, through
+        process-wide malloc and madvise settings (off by default; the command line turns it on).
     :param registry: the plugin registry (default: entry points autoloaded).
     """
 
@@ -150,6 +152,7 @@ class Generator:
         prefill_chunk: int | None = None,
         registry: PluginRegistry | None = None,
         debug: bool | None = None,
+        huge_pages: bool = False,
     ) -> None:
         self.registry = registry or PluginRegistry()
         self.spec: ControllerSpec = resolve_controller(controller, self.registry)
@@ -163,7 +166,7 @@ class Generator:
         self.prefill_chunk = prefill_chunk
         self.debug = debug
         self.roles = self.spec.active_roles(self.options)
-        self.models = self._load_roles(dict(models or {}), threads)
+        self.models = self._load_roles(dict(models or {}), threads, huge_pages)
         self._sequences: dict[str, Sequence] = {}
         #: held while a generation runs: a whole generate(), a stream's start and each of its steps
         self._lock = threading.Lock()
@@ -172,7 +175,7 @@ class Generator:
 
     # -- set-up -----------------------------------------------------------------------------------------
     def _load_roles(
-        self, given: dict[str, str | Path | LoadedModel | None], threads: int | None
+        self, given: dict[str, str | Path | LoadedModel | None], threads: int | None, huge_pages: bool
     ) -> dict[str, LoadedModel]:
         given.setdefault("target", None)
         unused = sorted(set(given) - set(self.roles))
@@ -199,7 +202,7 @@ class Generator:
                 loaded[role] = reference
                 continue
             name, path = resolve_model(reference, self.registry)
-            loaded[role] = load_model(path, name=name, threads=threads)
+            loaded[role] = load_model(path, name=name, threads=threads, huge_pages=huge_pages)
         self._check_roles(loaded)
         return loaded
 

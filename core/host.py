@@ -185,8 +185,22 @@ class Sequence:
         that input (SequenceError without it or with another shape), refused by one that has not
         (CapabilityError). The rows are copied before the call returns.
         """
-        if tree is None and features is None and type(tokens) is tuple and len(tokens) == 1:
-            return self._forward_one(tokens[0])
+        if tree is None and features is None:
+            # a decode step: one token id, in whatever container (list, tuple, 1-d array) the caller holds it
+            try:
+                one = len(tokens) == 1
+            except TypeError:  # a bare id: the general path reads it as one token
+                one = False
+            if one:
+                token = tokens[0]
+                if type(token) is int or isinstance(token, np.integer):
+                    return self._forward_one(int(token))
+        return self._forward_tokens(tokens, tree, features)
+
+    def _forward_tokens(
+        self, tokens: Seq[int] | np.ndarray, tree: Seq[int] | np.ndarray | None, features: np.ndarray | None
+    ) -> np.ndarray:
+        """forward() with every check: any number of tokens, a tree, features."""
         ids = self._checked_tokens(tokens, tree_follows=tree is not None)
         rows_features = self._checked_features(features, len(ids))
         if len(ids) > 1 and not self.model.capabilities.logits_all_positions:
@@ -367,9 +381,9 @@ class Sequence:
         return self._guard(logits)
 
     def _forward_one(self, token: int) -> np.ndarray:
-        """forward((token,)) on the decode path: _checked_tokens' checks inline and the runner's one-token step.
-        Anything out of the ordinary (a bad token, a full cache, a pending tree, a features input) takes the
-        general path, which raises what it raises there."""
+        """forward() of one token id on the decode path: _checked_tokens' checks inline and the runner's one-token
+        step. Anything out of the ordinary (a bad token, a full cache, a pending tree, a features input) takes
+        the general path, which raises what it raises there."""
         runner = self._runner
         start = runner.kv.length
         fed = self._fed
@@ -379,7 +393,7 @@ class Sequence:
             or (fed is not None and fed[2] is not None and not fed[2].is_chain)
             or self.model.capabilities.feature_input is not None
         ):
-            return self.forward(np.asarray((token,), np.int64))
+            return self._forward_tokens(np.asarray((token,), np.int64), None, None)
         begin = time.perf_counter()
         rows = self._took(start, (token,), runner.step(token), begin)
         self._fed = (start, 1, None)

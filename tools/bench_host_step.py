@@ -26,6 +26,7 @@ import numpy as np
 from decoctl.generate import Generator
 from decoctl.host import Sequence
 from decoctl.model import load_model
+from decoctl.model.runner import binding_calls
 
 PROMPT = "def fibonacci(n):\n"
 
@@ -51,7 +52,11 @@ def alternate(contenders: dict[str, Callable[[], float]], rounds: int) -> dict[s
 
 
 def sessions(model: str, rounds: int) -> None:
-    loaded = [Sequence("target", load_model(model, threads=1, name=f"s{i}"), max_length=256) for i in range(3)]
+    # huge pages as the command line loads models; DECOCTL_HUGE_PAGES=0 turns them off for the comparison
+    loaded = [
+        Sequence("target", load_model(model, threads=1, name=f"s{i}", huge_pages=True), max_length=256)
+        for i in range(3)
+    ]
     medians = alternate({f"session {i + 1}": (lambda s=s: decode_loop(s)) for i, s in enumerate(loaded)}, rounds)
     for name, value in medians.items():
         print(f"{name} (loaded {name[-1]}): {value / 1000:.2f} ms a step")
@@ -61,8 +66,8 @@ def fast_path(model: str, rounds: int) -> None:
     loaded = load_model(model, threads=1)
     fast = Sequence("target", loaded, max_length=256)
     wrapped = Sequence("target", loaded, max_length=256)
-    wrapped._runner._fast._c_binding = None  # the public onnxruntime wrappers, as before the fast path
-    wrapped._runner._fast.run = lambda: loaded.session.run_with_iobinding(wrapped._runner._binding)
+    # the public onnxruntime wrappers, as before the fast path
+    wrapped._runner._fast = binding_calls(loaded.session, wrapped._runner._binding, private=False)
     medians = alternate({"C++ objects": lambda: decode_loop(fast), "wrappers": lambda: decode_loop(wrapped)}, rounds)
     for name, value in medians.items():
         print(f"{name}: {value:.1f} us a step")

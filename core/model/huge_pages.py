@@ -10,7 +10,12 @@ madvise(MADV_COLLAPSE), which builds the huge pages at once instead of waiting f
 
 Only anonymous read-write mappings of at least 2 MiB that are at least half resident are touched, so a large
 reservation that is mostly untouched (an arena, a KV buffer not yet used) does not grow the resident set. The call
-changes which pages back the memory, never its contents. ``DECOCTL_HUGE_PAGES=0`` turns it off.
+changes which pages back the memory, never its contents.
+
+Both act on the whole process (glibc's allocator settings, every large mapping), so nothing here runs unless asked:
+``load_model(..., huge_pages=True)`` or ``Generator(..., huge_pages=True)`` in the Python API, and ``decoctl
+generate`` / ``decoctl bench`` by default (``--no-huge-pages`` turns them off there). ``DECOCTL_HUGE_PAGES=0``
+turns them off even where asked.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class HugePageReport:
 
 
 def enabled() -> bool:
+    """Whether the platform has the calls (Linux) and the environment does not turn them off."""
     return sys.platform.startswith("linux") and os.environ.get("DECOCTL_HUGE_PAGES", "1") not in ("0", "")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 from pathlib import Path
@@ -11,7 +12,8 @@ import onnxruntime as ort
 
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
-from decoctl.model import fed_lengths, huge_pages, protowire, window_bias
+from decoctl.model import fed_lengths, protowire, window_bias
+from decoctl.model import huge_pages as pages
 from decoctl.model.capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model.spec import ModelSpec
 from decoctl.model.tokenizer import Tokenizer
@@ -65,7 +67,12 @@ class LoadedModel:
 
 
 def load_model(
-    path: str | Path, *, name: str | None = None, threads: int | None = None, feed_lengths: bool | None = None
+    path: str | Path,
+    *,
+    name: str | None = None,
+    threads: int | None = None,
+    feed_lengths: bool | None = None,
+    huge_pages: bool = False,
 ) -> LoadedModel:
     """Load a model folder in the onnxruntime-genai or Optimum layout.
 
@@ -75,6 +82,10 @@ def load_model(
     :param feed_lengths: remove onnxruntime-genai's attention-mask subgraph and feed GroupQueryAttention's
         sequence lengths directly (decoctl.model.fed_lengths; the same logits, a cheaper step). None: on unless
         the environment sets DECOCTL_FEED_LENGTHS=0.
+    :param huge_pages: place the weights for 2 MiB pages (decoctl.model.huge_pages): glibc's mmap threshold is
+        raised while the session loads, then the process's large resident memory is madvised into huge pages.
+        Both act on the whole process, so they are off unless asked (the command line asks); they make a CPU
+        model's step faster and steadier across sessions (huge_pages.py has the measurement).
     """
     spec = ModelSpec.from_folder(path)
     options = session_options(threads)
@@ -84,7 +95,7 @@ def load_model(
     windowed = _window_in_bias(spec, rewritten.model if rewritten else None) if spec.layout == "genai" else None
     graph = windowed.model if windowed else rewritten.model if rewritten else None
     try:
-        with huge_pages.contiguous_allocations():
+        with pages.contiguous_allocations() if huge_pages else contextlib.nullcontext():
             if graph is None:
                 session = ort.InferenceSession(str(spec.onnx_file), options, providers=["CPUExecutionProvider"])
             else:
@@ -99,8 +110,9 @@ def load_model(
             f"onnxruntime could not load {spec.onnx_file} ({type(exc).__name__}: {exc}): the file is corrupt "
             "or was exported for a newer onnxruntime; re-export it"
         ) from exc
-    # the weights now sit in onnxruntime's buffers: put them on huge pages (see huge_pages.py for the measurement)
-    huge_pages.collapse()
+    if huge_pages:
+        # the weights now sit in onnxruntime's buffers: put them on huge pages (see huge_pages.py for the measurement)
+        pages.collapse()
     capabilities = Capabilities.from_session(
         session, spec, rewritten.inputs if rewritten else None, windowed.windows if windowed else ()
     )

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import functools
+import os
+import re
 from collections.abc import Callable
 
 import numpy as np
 import onnxruntime as ort
 
 from decoctl.errors import SequenceError
+from decoctl.logs import get_logger
 from decoctl.model.kv_cache import KVCache, SharedKVCache, make_kv_cache
 from decoctl.model.loader import LoadedModel
 
-__all__ = ["RunOutputs", "Runner"]
+__all__ = ["PRIVATE_ORT_VERSIONS", "PUBLIC_ORT_ENV", "RunOutputs", "Runner", "binding_calls", "private_ort_supported"]
+
+log = get_logger(__name__)
 
 
 class RunOutputs:
@@ -46,38 +51,79 @@ class _Growable:
         return self.array[:n]
 
 
-class _FastCalls:
-    """Bind and run through the C++ objects under onnxruntime's Python wrappers.
+#: onnxruntime versions (major, minor), inclusive, whose private binding objects _PrivateCalls was checked against:
+#: the oldest the project supports and the newest it was measured on. Outside them the public wrappers serve.
+PRIVATE_ORT_VERSIONS = ((1, 20), (1, 32))
+#: set to 1 to bind and run through onnxruntime's public wrappers whatever its version
+PUBLIC_ORT_ENV = "DECOCTL_ORT_PUBLIC"
 
-    The wrappers re-create an OrtDevice on every bind and check for WebGPU graph capture on every run; a decode
-    step binds two or three names and runs once, so on a small model those checks are a visible share of the
-    step. The C++ methods take the same arguments and do the same work for CPU memory. Where an onnxruntime
-    build lacks the attributes used here, the public wrappers (same behaviour, a little slower) are used.
-    """
+
+def private_ort_supported(version: str) -> bool:
+    """Whether onnxruntime ``version`` ("1.32.0", "1.21.0.dev2024...") lies in PRIVATE_ORT_VERSIONS."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        return False
+    low, high = PRIVATE_ORT_VERSIONS
+    return low <= (int(match[1]), int(match[2])) <= high
+
+
+class _PublicCalls:
+    """Bind and run through onnxruntime's public IOBinding and InferenceSession."""
+
+    private = False
 
     def __init__(self, session: ort.InferenceSession, binding: ort.IOBinding) -> None:
         self._binding = binding
-        self._c_session = getattr(session, "_sess", None)
-        self._c_binding = getattr(binding, "_iobinding", None)
-        self._device = ort.OrtDevice.make("cpu", 0)._get_c_device() if self._c_binding is not None else None
-        if self._c_session is not None and self._c_binding is not None:
-            # no RunOptions: with one, onnxruntime's Python wrapper looks up an unset config key on every run and
-            # pays for the exception that lookup raises (~50 us a step)
-            self.run: Callable[[], None] = functools.partial(self._c_session.run_with_iobinding, self._c_binding, None)
-        else:
-            self.run = functools.partial(session.run_with_iobinding, binding)
+        self.run: Callable[[], None] = functools.partial(session.run_with_iobinding, binding)
 
     def bind_input(self, name: str, dtype: type, shape: list[int], pointer: int) -> None:
-        if self._c_binding is None:
-            self._binding.bind_input(name, "cpu", 0, dtype, shape, pointer)
-        else:
-            self._c_binding.bind_input(name, self._device, dtype, shape, pointer)
+        self._binding.bind_input(name, "cpu", 0, dtype, shape, pointer)
 
     def bind_output(self, name: str, dtype: type, shape: list[int], pointer: int) -> None:
-        if self._c_binding is None:
-            self._binding.bind_output(name, "cpu", 0, dtype, shape, pointer)
-        else:
-            self._c_binding.bind_output(name, self._device, dtype, shape, pointer)
+        self._binding.bind_output(name, "cpu", 0, dtype, shape, pointer)
+
+
+class _PrivateCalls:
+    """Bind and run through the C++ objects under onnxruntime's Python wrappers (``_sess``, ``_iobinding``,
+    ``OrtDevice._get_c_device``).
+
+    The wrappers re-create an OrtDevice on every bind and check for WebGPU graph capture on every run; a decode
+    step binds two or three names and runs once, so on a small model those checks are a visible share of the
+    step. The C++ methods take the same arguments and do the same work for CPU memory. They are private, so
+    binding_calls() uses them only on the onnxruntime versions in PRIVATE_ORT_VERSIONS.
+    """
+
+    private = True
+
+    def __init__(self, session: ort.InferenceSession, binding: ort.IOBinding) -> None:
+        c_session = session._sess
+        self._c_binding = binding._iobinding
+        self._device = ort.OrtDevice.make("cpu", 0)._get_c_device()
+        # no RunOptions: with one, onnxruntime's Python wrapper looks up an unset config key on every run and
+        # pays for the exception that lookup raises (~50 us a step)
+        self.run: Callable[[], None] = functools.partial(c_session.run_with_iobinding, self._c_binding, None)
+
+    def bind_input(self, name: str, dtype: type, shape: list[int], pointer: int) -> None:
+        self._c_binding.bind_input(name, self._device, dtype, shape, pointer)
+
+    def bind_output(self, name: str, dtype: type, shape: list[int], pointer: int) -> None:
+        self._c_binding.bind_output(name, self._device, dtype, shape, pointer)
+
+
+def binding_calls(
+    session: ort.InferenceSession, binding: ort.IOBinding, *, private: bool | None = None
+) -> _PublicCalls | _PrivateCalls:
+    """The bind/run calls a Runner makes: through onnxruntime's private C++ objects where ``private`` (None: where
+    the installed onnxruntime is a known-good version and DECOCTL_ORT_PUBLIC is not set), else, or where this
+    build lacks them, through its public wrappers (the same results, a little slower)."""
+    if private is None:
+        private = os.environ.get(PUBLIC_ORT_ENV, "") in ("", "0") and private_ort_supported(ort.__version__)
+    if private:
+        try:
+            return _PrivateCalls(session, binding)
+        except AttributeError as exc:
+            log.debug("decoctl.ort_public_calls", version=ort.__version__, reason=str(exc))
+    return _PublicCalls(session, binding)
 
 
 class Runner:
@@ -99,7 +145,7 @@ class Runner:
         self.kv: KVCache = kv if kv is not None else make_kv_cache(model.session, spec, self.max_length)
         self._session = model.session
         self._binding = model.session.io_binding()
-        self._fast = _FastCalls(model.session, self._binding)
+        self._fast = binding_calls(model.session, self._binding)
         # what each name is bound to now, (pointer, shape): a decode step re-binds only what changed (the
         # attention mask, whose length grows), not input_ids and the output rows, which stay put
         self._bound: dict[str, tuple[int, tuple[int, ...]]] = {}
