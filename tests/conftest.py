@@ -44,7 +44,7 @@ def any_model(request: pytest.FixtureRequest) -> Path:
 
 @pytest.fixture(autouse=True)
 def _unconfigured_logging() -> object:
-    """The CLI configures structlog; put the library default back after every test."""
+    """Put structlog's library defaults back after every test (a test may configure it, as an application would)."""
     yield
     structlog.reset_defaults()
 
