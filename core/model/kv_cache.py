@@ -63,10 +63,6 @@ class KVCache(abc.ABC):
     def gather(self, positions: np.ndarray, start: int) -> None:
         """Move the rows at ``positions`` (int64[k], all >= start) to start..start+k-1; length = start+k."""
 
-    @abc.abstractmethod
-    def nbytes(self) -> int:
-        """Bytes held by the cache's buffers."""
-
 
 class SharedKVCache(KVCache):
     """past == present: [1, kv_heads, max_length, head_size] per tensor, bound once. ``buffers`` (one
@@ -112,9 +108,6 @@ class SharedKVCache(KVCache):
             for buffer in pair:
                 buffer[:, :, start:end, :] = buffer[:, :, positions, :]
         self.length = end
-
-    def nbytes(self) -> int:
-        return sum(b.nbytes for pair in self._buffers for b in pair)
 
 
 class ConcatKVCache(KVCache):
@@ -165,9 +158,6 @@ class ConcatKVCache(KVCache):
             target[:, start:end, :] = source[:, positions, :]
         self._past, self._present = self._present, self._past
         self.length = end
-
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._past) + sum(b.nbytes for b in self._present)
 
 
 def make_kv_cache(session: ort.InferenceSession, spec: ModelSpec, max_length: int) -> KVCache:

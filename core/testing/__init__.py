@@ -8,7 +8,18 @@ of plugin distributions::
     folder = build_genai_model(tmp_path / "target", seed=1, hidden_states=True)
     expected = reference_logits(folder, [0, 17, 42])  # float32[3, vocab]
     head = build_eagle_head(tmp_path / "eagle", folder, seed=2)  # an EAGLE draft head for that target
+
+The models are written with the onnx package and sampling is checked with scipy, which decoctl itself does not
+need: they come with the extra, ``pip install 'decoctl[testing]'``.
 """
+
+try:
+    import onnx  # noqa: F401  # checked here so that every submodule's import fails with the same message
+except ImportError as _missing:
+    raise ImportError(
+        f"decoctl.testing builds its models with the onnx package, which is not installed ({_missing}): "
+        "pip install 'decoctl[testing]'"
+    ) from _missing
 
 from decoctl.testing.eagle import build_eagle_head, write_eagle_head
 from decoctl.testing.greedy import TIE_GAP, first_divergence_is_a_tie

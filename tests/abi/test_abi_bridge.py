@@ -426,12 +426,20 @@ def test_a_library_of_several_controllers_without_a_name_lists_them(
         ("-DSMALL_ENTRY", "decoctl_plugin_entry.struct_size is 8, less than"),
         ("-DSMALL_CONTROLLER", r"controllers\[0\]: struct_size is 8, less than"),
         ("-DNULL_STEP", "controller 'null_step': step is NULL, but it is required"),
+        # an Option rule (a default above its maximum) broken in options_json: the library's error, not the host's
+        ("-DBAD_OPTION_DEFAULT", r"controller 'bad_default': options_json is not an option schema \(ConfigError: .*"),
     ],
 )
 def test_a_library_breaking_the_abi_is_refused_with_an_abi_error(flag: str, message: str, build_broken: Build) -> None:
     library = build_broken(flag)
     with pytest.raises(AbiError, match=message):
         library_controller_spec(library, "probe_all")
+
+
+def test_an_option_schema_breaking_option_rules_names_the_library_and_the_controller(build_broken: Build) -> None:
+    library = build_broken("-DBAD_OPTION_DEFAULT")
+    with pytest.raises(AbiError, match=f"{library.resolve()}: controller 'bad_default': .*width=100 must be at most 10"):
+        load_library(library)
 
 
 def test_an_abi_refusal_through_the_generator_names_the_library(

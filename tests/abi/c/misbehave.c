@@ -386,6 +386,12 @@ static const decoctl_controller null_step = {.struct_size = sizeof(decoctl_contr
                                              .create = probe_create, .destroy = probe_destroy,
                                              .last_error = probe_last_error};
 #define FIRST &null_step,
+#elif defined(BAD_OPTION_DEFAULT)
+static const decoctl_controller bad_default = {
+    .struct_size = sizeof(decoctl_controller), .name = "bad_default", .create = probe_create, .step = probe_step,
+    .destroy = probe_destroy, .last_error = probe_last_error,
+    .options_json = "[{\"name\": \"width\", \"type\": \"int\", \"default\": 100, \"maximum\": 10}]"};
+#define FIRST &bad_default,
 #else
 #define FIRST
 #endif
