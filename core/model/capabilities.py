@@ -8,7 +8,7 @@ import attrs
 
 from decoctl.errors import ModelLoadError
 from decoctl.model.fed_lengths import FedLengths
-from decoctl.model.spec import ModelSpec
+from decoctl.model.spec import ModelSpec, NonAttentionState, non_attention_state
 from decoctl.model.window_bias import WindowBias
 
 __all__ = ["Capabilities"]
@@ -76,6 +76,9 @@ class Capabilities:
         (``fed_lengths``: the length inputs that replaced its attention mask, when the loader rewrote it)."""
         inputs = {i.name: i for i in session.get_inputs()}
         outputs = {o.name: o for o in session.get_outputs()}
+        state = non_attention_state(spec, inputs, outputs)
+        if state is not None:
+            raise ModelLoadError(_hybrid_message(spec, state))
         lengths = [fed_lengths.seqlens_k, fed_lengths.total_sequence_length] if fed_lengths else []
         required = [spec.input_ids_name, *(lengths or [spec.attention_mask_name]), *(w.name for w in windows)]
         for layer in range(spec.num_layers):
@@ -106,6 +109,17 @@ class Capabilities:
             fed_lengths=fed_lengths,
             windows=windows,
         )
+
+
+def _hybrid_message(spec: ModelSpec, state: NonAttentionState) -> str:
+    names = ", ".join(state.names[:4]) + (f" and {len(state.names) - 4} more" if len(state.names) > 4 else "")
+    model = f"{spec.onnx_file} ({state.architecture})" if state.architecture else str(spec.onnx_file)
+    return (
+        f"{model} is a hybrid model: its {state.layer_kind} carry state between steps that is not attention's KV "
+        f"cache ({names}). decoctl runs only models whose every layer is attention with a KV cache, so "
+        f"{state.layer_kind} are not supported: run this model with onnxruntime-genai, or use an attention-only "
+        "model"
+    )
 
 
 def _feature_size(node: Any, spec: ModelSpec) -> int | None:

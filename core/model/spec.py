@@ -7,6 +7,8 @@ comes from the folder's JSON; what the graph itself offers is read later (see ca
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +16,12 @@ import attrs
 
 from decoctl.errors import ModelLoadError
 
-__all__ = ["ModelSpec", "detect_layout"]
+__all__ = ["ModelSpec", "NonAttentionState", "detect_layout", "non_attention_state"]
 
 GENAI_CONFIG = "genai_config.json"
 OPTIMUM_CONFIG = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
+GENERATION_CONFIG = "generation_config.json"
 
 
 def _eos_tuple(value: Any) -> tuple[int, ...]:
@@ -133,7 +136,7 @@ class ModelSpec:
                 context_length=context_length,
                 max_length=int(search.get("max_length", context_length)),
                 bos_token_id=model.get("bos_token_id"),
-                eos_token_ids=_eos_tuple(model.get("eos_token_id")),
+                eos_token_ids=_declared_eos(folder, (config_path, model.get("eos_token_id"))),
                 pad_token_id=model.get("pad_token_id"),
                 add_bos=_add_bos(folder, default=False),
                 share_buffer=bool(search.get("past_present_share_buffer", True)),
@@ -176,7 +179,7 @@ class ModelSpec:
                 context_length=context_length,
                 max_length=context_length,
                 bos_token_id=config.get("bos_token_id"),
-                eos_token_ids=_eos_tuple(config.get("eos_token_id")),
+                eos_token_ids=_declared_eos(folder, (config_path, config.get("eos_token_id"))),
                 pad_token_id=config.get("pad_token_id"),
                 add_bos=_add_bos(folder, default=False),
                 share_buffer=False,
@@ -198,6 +201,26 @@ class ModelSpec:
                 raise ModelLoadError(f"model file {needed} is missing: {fix}")
 
 
+def _declared_eos(folder: Path, first: tuple[Path, Any]) -> tuple[int, ...]:
+    """Every EOS the model declares, each once: ``first`` (the layout's own config and its eos_token_id), then
+    generation_config.json's and config.json's. Generation stops at any of them, as it does in transformers and
+    onnxruntime-genai (Llama 3 Instruct lists its end-of-turn token only in generation_config.json)."""
+    declared = [first]
+    for name in (GENERATION_CONFIG, OPTIMUM_CONFIG):
+        path = folder / name
+        if path != first[0] and path.is_file():
+            declared.append((path, _read_json(path).get("eos_token_id")))
+    ids: dict[int, None] = {}
+    for path, value in declared:
+        try:
+            ids.update(dict.fromkeys(_eos_tuple(value)))
+        except (TypeError, ValueError) as exc:
+            raise ModelLoadError(
+                f"{path}: eos_token_id {value!r} is not a token id or a list of them: fix the config"
+            ) from exc
+    return tuple(ids)
+
+
 def _add_bos(folder: Path, *, default: bool) -> bool:
     """Whether prompts start with BOS: tokenizer_config.json's add_bos_token, else ``default``."""
     path = folder / "tokenizer_config.json"
@@ -205,3 +228,63 @@ def _add_bos(folder: Path, *, default: bool) -> bool:
         return default
     value = _read_json(path).get("add_bos_token", default)
     return bool(value)
+
+
+@attrs.frozen(kw_only=True)
+class NonAttentionState:
+    """State a graph carries between steps that is not attention's KV cache (a hybrid model's other layers).
+
+    ``names``: the graph's inputs and outputs that hold it (``past.0.conv`` / ``present.0.conv``);
+    ``layer_kind``: what those layers are, in words; ``architecture``: the config's model type, or None.
+    """
+
+    names: tuple[str, ...]
+    layer_kind: str
+    architecture: str | None
+
+
+#: words in a state input's name -> the layers that keep it
+_STATE_KINDS = (
+    ("conv", "convolution layers"),
+    ("ssm", "state-space layers"),
+    ("mamba", "state-space layers"),
+    ("recurrent", "recurrent layers"),
+    ("rnn", "recurrent layers"),
+)
+
+
+def non_attention_state(spec: ModelSpec, inputs: Iterable[str], outputs: Iterable[str]) -> NonAttentionState | None:
+    """The state among a graph's ``inputs`` (``past...``) and ``outputs`` (``present...``) that the spec's KV
+    names do not match, or None where every past and present is attention's KV cache.
+
+    onnxruntime-genai's builder exports LFM2's convolution layers with ``past.N.conv`` -> ``present.N.conv``
+    next to the attention layers' KV; such a graph has no KV for those layers, which would otherwise read as a
+    config that does not fit its graph."""
+    kv_inputs = [_layer_pattern(p) for p in (spec.past_key_pattern, spec.past_value_pattern)]
+    kv_outputs = [_layer_pattern(p) for p in (spec.present_key_pattern, spec.present_value_pattern)]
+    names = [
+        *(n for n in inputs if n.lower().startswith("past") and not any(k.fullmatch(n) for k in kv_inputs)),
+        *(n for n in outputs if n.lower().startswith("present") and not any(k.fullmatch(n) for k in kv_outputs)),
+    ]
+    if not names:
+        return None
+    text = " ".join(names).lower()
+    kind = next((kind for word, kind in _STATE_KINDS if word in text), "layers that are not attention")
+    return NonAttentionState(names=tuple(names), layer_kind=kind, architecture=_architecture(spec))
+
+
+def _layer_pattern(pattern: str) -> re.Pattern[str]:
+    """A KV name pattern (``past_key_values.%d.key``) as a regular expression matching any layer."""
+    return re.compile(r"\d+".join(re.escape(part) for part in pattern.split("%d")))
+
+
+def _architecture(spec: ModelSpec) -> str | None:
+    """The model type the folder's config names (genai_config.json's model.type, config.json's model_type)."""
+    try:
+        if spec.layout == "genai":
+            value = _read_json(spec.path / GENAI_CONFIG).get("model", {}).get("type")
+        else:
+            value = _read_json(spec.path / OPTIMUM_CONFIG).get("model_type")
+    except (ModelLoadError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None

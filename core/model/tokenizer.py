@@ -34,7 +34,10 @@ def require_utf8(text: str, what: str) -> None:
 class Tokenizer:
     """A tokenizer.json plus the model's BOS rule.
 
-    ``add_bos``: prepend ``bos_token_id`` to every prompt (models trained with BOS degenerate without it).
+    Prompts are encoded as the model's own tokenizer encodes them (transformers' ``tokenizer(prompt)``): the
+    special tokens that tokenizer.json's post-processor adds are kept (Llama 3's BOS comes from there).
+    ``add_bos``: tokenizer_config.json asks for BOS too; it is prepended where the post-processor did not put it
+    first (a tokenizer.json without a post-processor; models trained with BOS degenerate without it).
     ``vocab_size``: every token, added ones included; ``base_vocab_size``: the model's own vocabulary, without
     the tokens added on top of it (special tokens a model may have no embedding row for).
     """
@@ -67,10 +70,11 @@ class Tokenizer:
         )
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of a prompt, BOS first when the model wants it; text that is not valid Unicode (bytes that
-        were not UTF-8, kept as lone surrogates) raises ConfigError."""
+        """Token ids of a prompt with the special tokens the model's tokenizer adds, BOS first when the model
+        wants it; text that is not valid Unicode (bytes that were not UTF-8, kept as lone surrogates) raises
+        ConfigError."""
         try:
-            ids = self._inner.encode(text, add_special_tokens=False).ids
+            ids = self._inner.encode(text, add_special_tokens=True).ids
         except TypeError:
             require_utf8(text, "the prompt")  # tokenizers says only "TextInputSequence must be str"
             raise
