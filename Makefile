@@ -20,7 +20,7 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py $(wildcard abi/*.py abi/*.h) $(w
 	$(PIP) -e . $(foreach p,$(PLUGINS),-e $(p))
 	touch $@
 
-# the test extras: pytest, hypothesis, ruff, mypy, onnx; torch only from the machine's local CPU wheel
+# the test extras: pytest, hypothesis, ruff, mypy, import-linter, onnx; torch only from the machine's local CPU wheel
 $(TEST_STAMP): $(STAMP)
 	$(PIP) -e '.[test]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
 	touch $@
@@ -37,6 +37,7 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy core
+	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/python -m pytest -q

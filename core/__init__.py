@@ -1,28 +1,64 @@
 """decoctl: decode controllers for ONNX causal language models.
 
 A small host runs the model and exposes step primitives; decoding strategies are plugins.
+
+The names below are loaded on first use (PEP 562), so that importing a low layer (``decoctl.model.tree``) or a
+plugin's hook module loads nothing above it, and ``import decoctl`` alone loads no onnxruntime.
 """
 
-from decoctl.controllers import Controller, Greedy, Sample, sample_from_logits
-from decoctl.errors import (
-    AbiError,
-    CapabilityError,
-    ConfigError,
-    ControllerError,
-    DecoctlError,
-    GenerationError,
-    GeneratorInUseError,
-    ModelLoadError,
-    PluginError,
-    SequenceError,
-)
-from decoctl.generate import GenerationResult, GenerationStats, Generator, generate, stream
-from decoctl.host import Host, Sequence
-from decoctl.plugins import PluginRegistry, hookimpl
-from decoctl.processing import LogitsProcessor, ProcessContext, ProcessorChain
-from decoctl.specs import ControllerSpec, ModelBundle, Option, ProcessorSpec
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from decoctl.controllers import Controller, Greedy, Sample, sample_from_logits
+    from decoctl.errors import (
+        AbiError,
+        CapabilityError,
+        ConfigError,
+        ControllerError,
+        DecoctlError,
+        GenerationError,
+        GeneratorInUseError,
+        ModelLoadError,
+        PluginError,
+        SequenceError,
+    )
+    from decoctl.generate import GenerationResult, GenerationStats, Generator, generate, stream
+    from decoctl.host import Host, Sequence
+    from decoctl.plugins import PluginRegistry, hookimpl
+    from decoctl.processing import LogitsProcessor, ProcessContext, ProcessorChain
+    from decoctl.specs import ControllerSpec, ModelBundle, Option, ProcessorSpec
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_EXPORTS = {
+    **dict.fromkeys(("Controller", "Greedy", "Sample", "sample_from_logits"), "decoctl.controllers"),
+    **dict.fromkeys(
+        (
+            "AbiError",
+            "CapabilityError",
+            "ConfigError",
+            "ControllerError",
+            "DecoctlError",
+            "GenerationError",
+            "GeneratorInUseError",
+            "ModelLoadError",
+            "PluginError",
+            "SequenceError",
+        ),
+        "decoctl.errors",
+    ),
+    **dict.fromkeys(("GenerationResult", "GenerationStats", "Generator", "generate", "stream"), "decoctl.generate"),
+    **dict.fromkeys(("Host", "Sequence"), "decoctl.host"),
+    **dict.fromkeys(("PluginRegistry", "hookimpl"), "decoctl.plugins"),
+    **dict.fromkeys(("LogitsProcessor", "ProcessContext", "ProcessorChain"), "decoctl.processing"),
+    **dict.fromkeys(("ControllerSpec", "ModelBundle", "Option", "ProcessorSpec"), "decoctl.specs"),
+}
 
 __all__ = [
     "AbiError",
@@ -56,3 +92,33 @@ __all__ = [
     "sample_from_logits",
     "stream",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'decoctl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is an ordinary one
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+class _Package(types.ModuleType):
+    """decoctl's module type: an exported name stays the export when a submodule of that name loads.
+
+    The import system binds a submodule to its package's attribute once it has run it; ``decoctl.generate`` is the
+    one-shot function, not the module (which stays in ``sys.modules["decoctl.generate"]``), however the module
+    was first imported.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

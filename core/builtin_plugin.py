@@ -1,13 +1,11 @@
-"""The host's own contributions, registered like any plugin: the greedy and sample baselines."""
+"""The host's own contributions, registered like any plugin (entry point "decoctl" of the decoctl distribution):
+the greedy and sample baselines."""
 
 from __future__ import annotations
 
-import pluggy
-
 from decoctl.controllers import builtin_controllers
+from decoctl.plugins import hookimpl
 from decoctl.specs import ControllerSpec
-
-hookimpl = pluggy.HookimplMarker("decoctl")
 
 
 @hookimpl

@@ -3,28 +3,35 @@
 Contributing hooks return iterables of frozen records (ControllerSpec, ProcessorSpec, ModelBundle); the
 facade normalises names, stamps each record with the plugin that gave it and raises one PluginError that lists
 every name two plugins both provide. Observer hooks see a generation start, each commit and its end.
+
+Everything goes through pluggy: entry points load with ``load_setuptools_entrypoints``,
+``DECOCTL_DISABLE_PLUGINS`` becomes ``set_blocked``, ``check_pending`` refuses a hook name decoctl does not know,
+and hooks are called through their hook callers, so ``wrapper=True`` implementations and call monitoring
+(``add_hookcall_monitoring``) see every call.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import attrs
 import pluggy
 
-from decoctl import builtin_plugin
 from decoctl.errors import PluginError
 from decoctl.logs import get_logger
 from decoctl.specs import ControllerSpec, ModelBundle, ProcessorSpec, normalise_name
 
-__all__ = ["ENTRY_POINT_GROUP", "PROJECT", "PluginRegistry", "hookimpl"]
+__all__ = ["BUILTIN_PLUGIN", "ENTRY_POINT_GROUP", "PROJECT", "PluginRegistry", "hookimpl"]
 
 PROJECT = "decoctl"
 ENTRY_POINT_GROUP = "decoctl"
 DISABLE_ENV = "DECOCTL_DISABLE_PLUGINS"
+#: the entry point (in decoctl's own distribution) that contributes the greedy and sample baselines
+BUILTIN_PLUGIN = "decoctl"
 
 log = get_logger(__name__)
 
@@ -38,6 +45,10 @@ class _Hookspecs:
     @_hookspec
     def decoctl_controllers(self) -> Iterable[ControllerSpec]:
         """Contribute decode controllers. Not firstresult: every plugin's records are collected.
+
+        Return an iterable, an empty one to contribute nothing. A ``wrapper=True`` implementation may change the
+        records in each plugin's result but keeps one result per implementation (that is how records are stamped
+        with their plugin); the same holds for the other contributing hooks.
 
         Example plugin::
 
@@ -60,7 +71,7 @@ class _Hookspecs:
 
     @_hookspec
     def decoctl_logits_processors(self) -> Iterable[ProcessorSpec]:
-        """Contribute logits processors for the chain. Not firstresult.
+        """Contribute logits processors for the chain. Not firstresult; return an iterable (maybe empty).
 
         Example plugin::
 
@@ -82,7 +93,7 @@ class _Hookspecs:
 
     @_hookspec
     def decoctl_models(self) -> Iterable[ModelBundle]:
-        """Contribute named model folders (``--model NAME``). Not firstresult.
+        """Contribute named model folders (``--model NAME``). Not firstresult; return an iterable (maybe empty).
 
         Example plugin::
 
@@ -141,79 +152,176 @@ class _Hookspecs:
 
 R = TypeVar("R", ControllerSpec, ProcessorSpec, ModelBundle)
 
+#: the hook names decoctl defines (a plugin's unknown hook name is compared with these for a hint)
+HOOKS = tuple(sorted(name for name in vars(_Hookspecs) if name.startswith("decoctl_")))
+
 
 class PluginRegistry:
-    """The plugin manager with a typed facade. ``autoload=False`` (tests) loads no entry points."""
+    """The plugin manager with a typed facade.
+
+    ``autoload``: load the installed plugins (entry-point group "decoctl"); tests turn it off and register plugin
+    objects with ``register``. ``builtins``: make sure the greedy and sample baselines are there; they come through
+    decoctl's own entry point like any plugin, and are registered directly when autoloading is off.
+    ``DECOCTL_DISABLE_PLUGINS=a,b`` blocks plugins by entry-point or distribution name. A plugin that fails to
+    import is logged (``decoctl.plugin_skipped``) and listed in ``skipped``; one that implements a hook decoctl
+    does not define, or does not fit a hook's signature, is a PluginError.
+    """
 
     def __init__(self, *, autoload: bool = True, builtins: bool = True) -> None:
         self._pm = pluggy.PluginManager(PROJECT)
         self._pm.add_hookspecs(_Hookspecs)
+        #: entry-point name -> the error that kept it from loading
         self.skipped: dict[str, str] = {}
-        disabled = {normalise_name(n) for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
-        self._disabled = disabled
-        self._distributions: dict[str, str] = {}
-        if builtins:
-            self._pm.register(builtin_plugin, name="decoctl")
-            self._distributions["decoctl"] = "decoctl"
+        self._disabled = frozenset(normalise_name(n) for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip())
+        #: hook name -> its records by name, until a plugin is registered or blocked
+        self._records: dict[str, dict[str, Any]] = {}
         if autoload:
+            self._block_disabled_entry_points()
             self._load_entry_points()
+            self._check_hooks()
+        if builtins and not (self._pm.has_plugin(BUILTIN_PLUGIN) or self._pm.is_blocked(BUILTIN_PLUGIN)):
+            from decoctl import builtin_plugin  # imports this module's hookimpl: here, not at the top
+
+            self.register(builtin_plugin, BUILTIN_PLUGIN)
 
     # -- registration -----------------------------------------------------------------------------------
     def register(self, plugin: object, name: str) -> None:
-        """Register a plugin object (module or instance with hookimpls) under ``name``."""
+        """Register a plugin object (module or instance with hookimpls) under ``name``.
+
+        A name that ``DECOCTL_DISABLE_PLUGINS`` lists is blocked instead. PluginError when the plugin implements
+        a hook decoctl does not define or does not fit a hook (it is not registered then).
+        """
         if normalise_name(name) in self._disabled:
             log.info("decoctl.plugin_disabled", plugin=name, env=DISABLE_ENV)
+            self.block(name)
             return
-        self._pm.register(plugin, name=name)
+        try:
+            self._pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            raise _misfit(name, exc) from exc
+        self._records.clear()
+        try:
+            self._check_hooks()
+        except PluginError:
+            self._pm.unregister(plugin)
+            raise
 
-    def _load_entry_points(self) -> None:
-        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            dist = entry_point.dist.name if entry_point.dist else "?"
+    def block(self, name: str) -> None:
+        """Unregister the plugin ``name`` if it is registered, and refuse it from now on (pluggy's set_blocked)."""
+        self._pm.set_blocked(name)
+        self._records.clear()
+
+    def _block_disabled_entry_points(self) -> None:
+        if not self._disabled:
+            return
+        for entry_point, dist in _entry_points():
             if normalise_name(entry_point.name) in self._disabled or normalise_name(dist) in self._disabled:
                 log.info("decoctl.plugin_disabled", plugin=entry_point.name, distribution=dist, env=DISABLE_ENV)
-                continue
-            if self._pm.get_plugin(entry_point.name) is not None:
+                self._pm.set_blocked(entry_point.name)
+
+    def _load_entry_points(self) -> None:
+        try:
+            self._pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        except Exception:
+            # pluggy stops at the first plugin that fails to load: load them one at a time, to name it and to
+            # load the others (those already loaded and those blocked are passed over, as pluggy does)
+            self._load_entry_points_one_by_one()
+
+    def _load_entry_points_one_by_one(self) -> None:
+        for entry_point, dist in _entry_points():
+            if self._pm.has_plugin(entry_point.name) or self._pm.is_blocked(entry_point.name):
                 continue
             try:
-                plugin = entry_point.load()
+                self._pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=entry_point.name)
+            except pluggy.PluginValidationError as exc:
+                raise _misfit(entry_point.name, exc, dist) from exc
             except Exception as exc:  # a broken plugin must not take the host down; it is logged and skipped
-                self.skipped[entry_point.name] = f"{type(exc).__name__}: {exc}"
-                log.warning(
-                    "decoctl.plugin_skipped",
-                    plugin=entry_point.name,
-                    distribution=dist,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
-                continue
-            self._pm.register(plugin, name=entry_point.name)
-            self._distributions[entry_point.name] = dist
+                error = f"{type(exc).__name__}: {exc}"
+                self.skipped[entry_point.name] = error
+                log.warning("decoctl.plugin_skipped", plugin=entry_point.name, distribution=dist, error=error)
+
+    def _check_hooks(self) -> None:
+        """pluggy's check_pending, as a PluginError naming the plugin, its unknown hooks and the likely intent."""
+        try:
+            self._pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            name = self._pm.get_name(exc.plugin) or repr(exc.plugin)
+            unknown = sorted(
+                caller.name
+                for caller in self._pm.get_hookcallers(exc.plugin) or ()
+                if not caller.has_spec()
+                and any(impl.plugin is exc.plugin and not impl.optionalhook for impl in caller.get_hookimpls())
+            )
+            hints = [
+                f"{hook} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(hook, HOOKS, n=1)) else hook
+                for hook in unknown
+            ]
+            raise PluginError(
+                f"plugin {name!r} implements {', '.join(hints) or exc}, which decoctl does not define (its hooks: "
+                f"{', '.join(HOOKS)}): fix the hook's name, or disable the plugin with {DISABLE_ENV}={name}"
+            ) from exc
+
+    @property
+    def manager(self) -> pluggy.PluginManager:
+        """The pluggy manager, for what pluggy itself offers (``add_hookcall_monitoring``, ``list_name_plugin``).
+        Register and block plugins through the registry: it drops the records it collected then."""
+        return self._pm
 
     def distribution_of(self, plugin: str) -> str:
         """The distribution that installed a plugin ("decoctl" for built-ins, "" for registered objects)."""
-        return self._distributions.get(plugin, "")
+        found = self._pm.get_plugin(plugin)
+        if found is None:
+            return ""
+        for loaded, dist in self._pm.list_plugin_distinfo():
+            if loaded is found:
+                return str(dist.project_name)
+        return PROJECT if getattr(found, "__name__", "") == "decoctl.builtin_plugin" else ""
 
     # -- facade -----------------------------------------------------------------------------------------
     def controllers(self) -> dict[str, ControllerSpec]:
-        return self._collect("controller", self._pm.hook.decoctl_controllers)
+        return self._collect("decoctl_controllers", "controller", ControllerSpec)
 
     def processors(self) -> dict[str, ProcessorSpec]:
-        return self._collect("logits processor", self._pm.hook.decoctl_logits_processors)
+        return self._collect("decoctl_logits_processors", "logits processor", ProcessorSpec)
 
     def models(self) -> dict[str, ModelBundle]:
-        return self._collect("model", self._pm.hook.decoctl_models)
+        return self._collect("decoctl_models", "model", ModelBundle)
 
-    def _collect(self, kind: str, hook: Any) -> dict[str, Any]:
-        found: dict[str, Any] = {}
+    def _collect(self, hook: str, kind: str, record_type: type[R]) -> dict[str, R]:
+        records = self._records.get(hook)
+        if records is None:
+            records = self._records[hook] = self._call_contributing(hook, kind, record_type)
+        return dict(records)
+
+    def _call_contributing(self, hook: str, kind: str, record_type: type[R]) -> dict[str, R]:
+        caller = getattr(self._pm.hook, hook)
+        impls = caller.get_hookimpls()
+        # pluggy calls the implementations last-registered first and returns what each gave, in that order
+        called = [impl for impl in reversed(impls) if not (impl.wrapper or impl.hookwrapper)]
+        try:
+            results = caller()
+        except Exception as exc:
+            culprit = _culprit(exc, impls)
+            raise PluginError(
+                f"plugin {culprit!r} failed while listing its {kind}s ({type(exc).__name__}: {exc}): fix or "
+                f"disable it with {DISABLE_ENV}={culprit}"
+            ) from exc
+        if len(results) != len(called):
+            names = ", ".join(sorted(impl.plugin_name for impl in called))
+            raise PluginError(
+                f"{hook} gave {len(results)} results for {len(called)} implementations ({names}): each "
+                "implementation returns an iterable (an empty one to contribute nothing), and a wrapper keeps one "
+                "result per implementation"
+            )
+        found: dict[str, R] = {}
         providers: dict[str, list[str]] = {}
-        for impl in hook.get_hookimpls():
-            try:
-                records = impl.function()
-            except Exception as exc:
-                raise PluginError(
-                    f"plugin {impl.plugin_name!r} failed while listing its {kind}s ({type(exc).__name__}: "
-                    f"{exc}): fix or disable it with {DISABLE_ENV}={impl.plugin_name}"
-                ) from exc
-            for record in records or ():
+        for impl, contributed in zip(reversed(called), reversed(results), strict=True):
+            for record in contributed:
+                if not isinstance(record, record_type):
+                    raise PluginError(
+                        f"plugin {impl.plugin_name!r} listed {record!r} among its {kind}s: {hook} returns "
+                        f"{record_type.__name__} records"
+                    )
                 stamped = attrs.evolve(record, plugin=impl.plugin_name)
                 providers.setdefault(stamped.name, []).append(impl.plugin_name)
                 found[stamped.name] = stamped
@@ -238,3 +346,36 @@ class PluginRegistry:
 
     def notify_end(self, *, stats: Any, error: BaseException | None) -> None:
         self._pm.hook.decoctl_generation_end(stats=stats, error=error)
+
+
+def _entry_points() -> Iterator[tuple[importlib.metadata.EntryPoint, str]]:
+    """(entry point, distribution name) of group "decoctl", from the distributions pluggy reads, in its order."""
+    for dist in importlib.metadata.distributions():
+        for entry_point in dist.entry_points:
+            if entry_point.group == ENTRY_POINT_GROUP:
+                yield entry_point, dist.metadata["Name"]
+
+
+def _misfit(plugin: str, exc: pluggy.PluginValidationError, dist: str = "") -> PluginError:
+    source = f" (from {dist})" if dist else ""
+    reason = "; ".join(line.strip() for line in str(exc).splitlines())  # pluggy's message spans lines
+    return PluginError(
+        f"plugin {plugin!r}{source} does not fit decoctl's hooks: {reason}; fix the plugin, or disable it with "
+        f"{DISABLE_ENV}={plugin}"
+    )
+
+
+def _culprit(exc: BaseException, impls: Iterable[Any]) -> str:
+    """The plugin whose hook implementation ``exc`` went through (found by its code in the traceback)."""
+    owners = {}
+    for impl in impls:
+        code = getattr(getattr(impl.function, "__func__", impl.function), "__code__", None)
+        if code is not None:
+            owners[code] = impl.plugin_name
+    frame = exc.__traceback__
+    while frame is not None:
+        owner = owners.get(frame.tb_frame.f_code)
+        if owner is not None:
+            return owner
+        frame = frame.tb_next
+    return " or ".join(sorted({impl.plugin_name for impl in impls}))

@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from decoctl.native import top2
+from decoctl import native
 
 __all__ = ["LogitsProcessor", "ProcessContext", "ProcessorChain", "bound_through", "fuse"]
 
@@ -207,13 +207,14 @@ class ProcessorChain:
     def _argmax_unprocessed(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray | None:
         """Every row's argmax read from the unprocessed rows, or None as soon as one row needs the steps run.
 
-        A float32 row's maximum and runner-up come from one pass in C (decoctl.native.top2); other rows take
-        numpy's argmax and two reductions. Both leave the caller's rows as they are and give the same numbers."""
-        native = rows.dtype == np.float32 and rows.flags.c_contiguous
+        A float32 row's maximum and runner-up come from one pass (decoctl.native.top2, compiled when the bridge
+        is); other rows take numpy's argmax and two reductions. Both leave the caller's rows as they are and give
+        the same numbers."""
+        top2 = native.top2 if rows.dtype == np.float32 and rows.flags.c_contiguous else None
         choices = np.empty(len(rows), np.int64)
         for index in range(len(rows)):
             row = rows[index]
-            if native:
+            if top2 is not None:
                 choice, top, second = top2(row)
             else:
                 choice = int(row.argmax())

@@ -8,13 +8,15 @@ import importlib.util
 import inspect
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from decoctl.errors import ConfigError, ModelLoadError, PluginError
 from decoctl.importers.registry import find_registered, load_registry
-from decoctl.plugins import PluginRegistry
 from decoctl.processing import LogitsProcessor, ProcessorChain
 from decoctl.specs import ControllerSpec, normalise_name, parse_options
+
+if TYPE_CHECKING:
+    from decoctl.plugins import PluginRegistry
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -85,15 +87,9 @@ def _library_controller(path: Path, symbol: str | None) -> ControllerSpec:
     when it provides several)."""
     if not path.is_file():
         raise PluginError(f"shared library {path} does not exist: build it (see examples/c_controller) or fix the path")
-    try:
-        abi = importlib.import_module("decoctl.abi")
-    except ImportError as exc:
-        raise PluginError(
-            f"cannot load {path}: the C ABI bridge is not available ({exc}); reinstall decoctl so that its "
-            "compiled bridge is built"
-        ) from exc
-    spec: ControllerSpec = abi.library_controller_spec(path.resolve(), symbol)
-    return spec
+    from decoctl import abi  # cffi and the compiled bridge load only for C controllers (AbiError without it)
+
+    return abi.library_controller_spec(path.resolve(), symbol)
 
 
 def _python_controller(reference: str, location: str, attribute: str) -> ControllerSpec:

