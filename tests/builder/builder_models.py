@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -100,7 +101,9 @@ def run_builder(hf: Path, out: Path) -> Path:
     """Export ``hf`` with onnxruntime-genai's builder (fp32, CPU); a failure fails the test with the log's end."""
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out)]
     command += ["-p", "fp32", "-e", "cpu", "-c", str(out.parent / "builder-cache")]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    # a local folder needs no hub: offline, so a lookup can never reach the network
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0 or not (out / "genai_config.json").is_file():
         pytest.fail(f"the builder failed on {hf.name} (exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
     return out
