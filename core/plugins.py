@@ -316,6 +316,11 @@ class PluginRegistry:
         found: dict[str, R] = {}
         providers: dict[str, list[str]] = {}
         for impl, contributed in zip(reversed(called), reversed(results), strict=True):
+            if isinstance(contributed, record_type) or not isinstance(contributed, Iterable):
+                raise PluginError(
+                    f"plugin {impl.plugin_name!r} returned {contributed!r} from {hook}: return a list of "
+                    f"{record_type.__name__} records"
+                )
             for record in contributed:
                 if not isinstance(record, record_type):
                     raise PluginError(
