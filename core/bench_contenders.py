@@ -29,7 +29,7 @@ import attrs
 import numpy as np
 import onnxruntime as ort
 
-from decoctl.bench_ideal import ForwardLedger, ledger_from_controller_stats, spread
+from decoctl.bench_ideal import ForwardLedger, ledger_from_stats, spread
 from decoctl.errors import ConfigError
 from decoctl.generate import Generator
 from decoctl.model.loader import LoadedModel, session_options
@@ -77,13 +77,7 @@ class ControllerContender:
         result = self.generator.generate(prompt, max_new_tokens=max_new_tokens, seed=0)
         total = time.perf_counter() - started
         stats = result.stats
-        ledger = ledger_from_controller_stats(
-            self.name,
-            forwards=stats.forwards,
-            tokens_fed=stats.tokens_fed,
-            onnx_seconds=stats.onnx_seconds,
-            controller=stats.controller,
-        )
+        ledger = ledger_from_stats(forward_sizes=stats.forward_sizes, onnx_seconds=stats.onnx_seconds)
         return Outcome(
             tokens=result.tokens,
             decode_seconds=stats.decode_seconds,

@@ -5,7 +5,8 @@ it made. It is computed from measured quantities only:
 
 - what the strategy fed the model, per generation (a :class:`ForwardLedger`): its target forwards by size,
   chain forwards of n tokens and tree forwards of T nodes apart, and the seconds every other role (a draft model,
-  an EAGLE head) spent inside onnxruntime during decode, from the generation's own stats;
+  an EAGLE head) spent inside onnxruntime during decode, from the generation's own stats (the host counts every
+  forward of every role by its size: ``GenerationStats.forward_sizes``);
 - the verify-cost curve, measured in the same run on the same target model by :class:`CostCalibrator`:
   ``c(n) = t(chain forward of n tokens) / t(one-token forward)`` and ``c_tree(T) = t(tree forward of T nodes) /
   t(one-token forward)``, each the median of ratios of adjacent pairs (a one-token forward, then the n-token
@@ -25,13 +26,9 @@ is how much of that model-only speedup the implementation keeps after its host-s
 
 Where the ledger comes from (its ``basis``):
 
-- ``controller verify sizes``: the controller's stats carry ``verify_sizes`` and/or ``tree_verify_sizes``
-  ({tokens fed: target forwards}); they must account for every decode-time target forward and every token fed,
-  or the bench refuses the controller's stats (PluginError) rather than price half of them.
-- ``one-token forwards``: no sizes reported, but target forwards == tokens fed (greedy, sample, raw loops).
-- ``tokens fed spread over forwards``: no sizes reported and some forwards fed several tokens: the tokens fed
-  are spread as evenly as possible over the forwards (chain forwards assumed). Named in the report because it
-  is an approximation; a controller that reports its sizes gets the exact figure.
+- ``forward sizes``: the host's count of the target's decode-time forwards by size, whatever the controller
+  (a plugin, a C library, a user's loop): exact.
+- ``one-token forwards``: a loop outside the host that feeds one token a forward (raw-ort).
 - ``onnxruntime-genai stats``: onnxruntime-genai's speculative counters: verify passes (the tokens proposed plus
   one each, spread over the passes), re-anchor, reconciliation and standard steps (one token each), and its
   draft time when a draft model ran (n-gram lookup is host work, not a model forward).
@@ -41,11 +38,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import attrs
 
-from decoctl.errors import CapabilityError, ConfigError, PluginError
+from decoctl.errors import CapabilityError, ConfigError
+from decoctl.host import ForwardSizes
 from decoctl.host import Sequence as RoleSequence
 from decoctl.model.loader import LoadedModel
 
@@ -54,7 +51,7 @@ __all__ = [
     "CostCurve",
     "ForwardLedger",
     "ideal_ratio",
-    "ledger_from_controller_stats",
+    "ledger_from_stats",
     "spread",
 ]
 
@@ -94,49 +91,14 @@ class ForwardLedger:
         return self.chain if kind == CHAIN else self.tree
 
 
-def ledger_from_controller_stats(
-    name: str,
-    *,
-    forwards: Mapping[str, int],
-    tokens_fed: Mapping[str, int],
-    onnx_seconds: Mapping[str, float],
-    controller: Mapping[str, Any],
-) -> ForwardLedger:
-    """A generation's ledger from its stats (``GenerationStats`` fields; decode time only)."""
-    target_forwards = forwards.get("target", 0)
-    target_fed = tokens_fed.get("target", 0)
+def ledger_from_stats(*, forward_sizes: Mapping[str, ForwardSizes], onnx_seconds: Mapping[str, float]) -> ForwardLedger:
+    """A generation's ledger from its stats (``GenerationStats`` fields; decode time only): the target's forwards by
+    size as the host counted them, and every other role's onnxruntime seconds."""
+    target = forward_sizes.get("target", ForwardSizes())
+    chain = {n: count for n, (count, _) in target.chain.items()}
+    tree = {n: count for n, (count, _) in target.tree.items()}
     other = sum(seconds for role, seconds in onnx_seconds.items() if role != "target")
-    chain = _sizes(name, controller, "verify_sizes")
-    tree = _sizes(name, controller, "tree_verify_sizes")
-    if chain or tree:
-        counted = sum(chain.values()) + sum(tree.values())
-        fed = sum(n * c for n, c in chain.items()) + sum(n * c for n, c in tree.items())
-        if (counted, fed) != (target_forwards, target_fed):
-            raise PluginError(
-                f"contender {name!r}: the controller's verify_sizes/tree_verify_sizes count {counted} target "
-                f"forward(s) feeding {fed} token(s), but the target made {target_forwards} forward(s) feeding "
-                f"{target_fed} during decode: the controller's stats must count every decode-time target forward "
-                "by the tokens it fed"
-            )
-        return ForwardLedger(chain=chain, tree=tree, other_seconds=other, basis="controller verify sizes")
-    if target_forwards == target_fed:
-        return ForwardLedger.one_token(target_forwards, other)
-    return ForwardLedger(
-        chain=spread(target_fed, target_forwards), other_seconds=other, basis="tokens fed spread over forwards"
-    )
-
-
-def _sizes(name: str, controller: Mapping[str, Any], key: str) -> dict[int, int]:
-    value = controller.get(key, {})
-    if not isinstance(value, Mapping):
-        raise PluginError(f"contender {name!r}: the controller's stats field {key!r} must map tokens fed -> forwards")
-    sizes = {}
-    for n, count in value.items():
-        if int(n) < 1 or int(count) < 0:
-            raise PluginError(f"contender {name!r}: stats field {key!r} holds {n}: {count}; sizes are >= 1")
-        if int(count):
-            sizes[int(n)] = int(count)
-    return sizes
+    return ForwardLedger(chain=chain, tree=tree, other_seconds=other, basis="forward sizes")
 
 
 @attrs.frozen(kw_only=True)

@@ -12,9 +12,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from decoctl.acceptance import draw
 from decoctl.host import Host
 from decoctl.specs import ControllerSpec, Option
+from decoctl.verify import draw
 
 __all__ = ["Controller", "Greedy", "Sample", "builtin_controllers", "sample_from_logits"]
 

@@ -26,7 +26,7 @@ from decoctl.errors import (
     GenerationError,
     GeneratorInUseError,
 )
-from decoctl.host import TREE_TRANSFORM_HINT, Host, Sequence, role_flag
+from decoctl.host import TREE_TRANSFORM_HINT, ForwardSizes, Host, Sequence, role_flag
 from decoctl.logs import get_logger
 from decoctl.model.capabilities import FEATURES
 from decoctl.model.loader import LoadedModel, load_model
@@ -77,8 +77,9 @@ class GenerationStats:
     closed or let go of before its end) or "superseded" (a newer generation took its unfinished stream's models)
     when it did not. ``tokens_per_second`` counts new tokens over decode time (after the prompt). ``forwards`` /
     ``tokens_fed`` / ``onnx_seconds`` are per role, decode only; ``tokens_per_target_forward`` is new tokens
-    over decode-time target forwards. ``trace``: controller, plugin, roles, processors, degraded modes and
-    whatever the controller recorded in ``host.trace``.
+    over decode-time target forwards. ``forward_sizes``: per role, its decode-time forwards by the tokens each fed,
+    with their onnxruntime seconds, plain and tree forwards apart (``ForwardSizes``). ``trace``: controller, plugin,
+    roles, processors, degraded modes and whatever the controller recorded in ``host.trace``.
     """
 
     prompt_tokens: int
@@ -93,6 +94,7 @@ class GenerationStats:
     tokens_per_target_forward: float
     controller: Mapping[str, Any]
     trace: Mapping[str, Any]
+    forward_sizes: Mapping[str, ForwardSizes] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -113,6 +115,7 @@ class _Run:
         self.prefill_seconds = 0.0
         self.decode_started = started
         self.counters_at_decode: dict[str, tuple[int, int, float]] = {}
+        self.sizes_at_decode: dict[str, ForwardSizes] = {}
 
 
 class Generator:
@@ -413,6 +416,7 @@ class Generator:
         run.counters_at_decode = {
             role: (s.stats.forwards, s.stats.tokens_fed, s.stats.seconds) for role, s in sequences.items()
         }
+        run.sizes_at_decode = {role: s.stats.sizes() for role, s in sequences.items()}
         return run
 
     def _make_controller(self) -> Controller:
@@ -426,11 +430,12 @@ class Generator:
     def _stats(self, run: _Run) -> GenerationStats:
         now = time.perf_counter()
         decode_seconds = now - run.decode_started
-        forwards, fed, seconds = {}, {}, {}
+        forwards, fed, seconds, sizes = {}, {}, {}, {}
         for role in run.host.roles:
             stats = run.host[role].stats
             f0, t0, s0 = run.counters_at_decode.get(role, (0, 0, 0.0))
             forwards[role], fed[role], seconds[role] = stats.forwards - f0, stats.tokens_fed - t0, stats.seconds - s0
+            sizes[role] = stats.sizes().since(run.sizes_at_decode.get(role, ForwardSizes()))
         new = len(run.output.tokens)
         controller_stats = getattr(run.controller, "stats", None)
         trace = {
@@ -455,6 +460,7 @@ class Generator:
             tokens_per_target_forward=new / forwards["target"] if forwards.get("target") else float(new),
             controller=dict(controller_stats()) if callable(controller_stats) else {},
             trace=trace,
+            forward_sizes=sizes,
         )
 
     def _finish(self, run: _Run) -> GenerationResult:

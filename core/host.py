@@ -30,7 +30,7 @@ from decoctl.model.tree import Tree
 from decoctl.output import Output
 from decoctl.processing import ProcessContext, ProcessorChain
 
-__all__ = ["Host", "Sequence", "SequenceStats", "debug_default"]
+__all__ = ["ForwardSizes", "Host", "Sequence", "SequenceStats", "debug_default"]
 
 #: the paths of a single row at the next position (no drafted tokens before it), shared by every such context
 _NEXT_ONLY: tuple[tuple[int, ...], ...] = ((),)
@@ -84,14 +84,50 @@ class _StaleView(np.ndarray):
         return func(*plain, **kwargs)
 
 
+@attrs.frozen(kw_only=True)
+class ForwardSizes:
+    """A role's forwards by the tokens each fed, plain (chain) and tree forwards apart: ``chain[n]`` and ``tree[n]``
+    are (forwards, seconds inside onnxruntime) of the forwards that fed n tokens: prefill chunks, decode steps,
+    verify forwards alike."""
+
+    chain: Mapping[int, tuple[int, float]] = attrs.field(factory=dict)
+    tree: Mapping[int, tuple[int, float]] = attrs.field(factory=dict)
+
+    def since(self, earlier: ForwardSizes) -> ForwardSizes:
+        """The forwards made after ``earlier``, a snapshot of the same role's sizes; sizes with none are left out."""
+
+        def minus(
+            now: Mapping[int, tuple[int, float]], then: Mapping[int, tuple[int, float]]
+        ) -> dict[int, tuple[int, float]]:
+            out = {}
+            for n, (count, seconds) in sorted(now.items()):
+                before, before_seconds = then.get(n, (0, 0.0))
+                if count > before:
+                    out[n] = (count - before, seconds - before_seconds)
+            return out
+
+        return ForwardSizes(chain=minus(self.chain, earlier.chain), tree=minus(self.tree, earlier.tree))
+
+
 @attrs.define
 class SequenceStats:
-    """Counters of one role: forwards, tokens fed, seconds inside onnxruntime."""
+    """Counters of one role: forwards, tokens fed, seconds inside onnxruntime, and the forwards by size
+    (``sizes()``)."""
 
     forwards: int = 0
     tokens_fed: int = 0
     tree_forwards: int = 0
     seconds: float = 0.0
+    #: tokens fed -> [forwards, seconds], plain and tree forwards apart: updated in place on every forward
+    _chain: dict[int, list[float]] = attrs.field(factory=dict)
+    _tree: dict[int, list[float]] = attrs.field(factory=dict)
+
+    def sizes(self) -> ForwardSizes:
+        """A snapshot of the forwards by the tokens each fed."""
+        return ForwardSizes(
+            chain={n: (int(count), seconds) for n, (count, seconds) in self._chain.items()},
+            tree={n: (int(count), seconds) for n, (count, seconds) in self._tree.items()},
+        )
 
 
 class Sequence:
@@ -355,18 +391,31 @@ class Sequence:
         *,
         features: np.ndarray | None = None,
         bias_positions: np.ndarray | None = None,
+        tree: bool = False,
     ) -> np.ndarray:
         start = self.length
         begin = time.perf_counter()
         outputs = self._runner.run(ids, positions, bias, features, bias_positions)
-        return self._took(start, ids, outputs, begin)
+        return self._took(start, ids, outputs, begin, tree=tree)
 
-    def _took(self, start: int, ids: Seq[int] | np.ndarray, outputs: RunOutputs, begin: float) -> np.ndarray:
-        """The bookkeeping after a run that fed ``ids`` at ``start`` (begun at ``begin``): stats, tokens, outputs."""
+    def _took(
+        self, start: int, ids: Seq[int] | np.ndarray, outputs: RunOutputs, begin: float, *, tree: bool = False
+    ) -> np.ndarray:
+        """The bookkeeping after a run that fed ``ids`` at ``start`` (begun at ``begin``; a tree forward with
+        ``tree``): stats, tokens, outputs."""
         stats = self.stats
-        stats.seconds += time.perf_counter() - begin
+        seconds = time.perf_counter() - begin
+        fed = len(ids)
+        stats.seconds += seconds
         stats.forwards += 1
-        stats.tokens_fed += len(ids)
+        stats.tokens_fed += fed
+        sizes = stats._tree if tree else stats._chain
+        try:
+            size = sizes[fed]
+        except KeyError:
+            size = sizes[fed] = [0, 0.0]
+        size[0] += 1
+        size[1] += seconds
         self._tokens[start : start + len(ids)] = ids
         logits, hidden, aux = outputs.logits, outputs.hidden, outputs.aux
         if self._debug:
@@ -427,7 +476,9 @@ class Sequence:
             parsed = Tree.from_parents(np.concatenate([fed[2].parents, parents]), before + len(ids))
         # the new tokens' rows of the bias span the whole tree; everything before it stays visible to all
         positions = parsed.positions(first)
-        rows = self._run(ids, positions[before:], parsed.bias()[before:], features=features, bias_positions=positions)
+        rows = self._run(
+            ids, positions[before:], parsed.bias()[before:], features=features, bias_positions=positions, tree=True
+        )
         self.stats.tree_forwards += 1
         self._fed = (first, parsed.size, parsed)
         return rows

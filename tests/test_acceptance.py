@@ -1,4 +1,4 @@
-"""The shared acceptance rules keep the target's distribution: chi-square goodness-of-fit tests with fixed seeds.
+"""decoctl.verify's acceptance rules keep the target's distribution: chi-square goodness-of-fit tests with fixed seeds.
 
 Each rule is run 20,000 times on random distributions over 8 tokens. Power: every check is paired with the same
 statistic on a plausible wrong rule (a residual that is not norm(max(0, p - q)); a point-mass rule that does not
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from decoctl import acceptance
+from decoctl import verify
 from decoctl.testing.distributions import chi_square_p
 
 ALPHA = 1e-3
@@ -47,7 +47,7 @@ def tokens_of_tree_node(rule: Any, seed: int) -> tuple[Counter[int], np.ndarray]
 
 
 def test_the_chain_rule_yields_the_target_distribution() -> None:
-    counts, p = first_tokens_of_chain(acceptance.accept_sampled, seed=1)
+    counts, p = first_tokens_of_chain(verify.accept_sampled, seed=1)
     assert chi_square_p(counts, dict(enumerate(p)), DRAWS) > ALPHA
 
 
@@ -55,14 +55,14 @@ def test_the_statistic_rejects_a_chain_residual_that_is_not_p_minus_q() -> None:
     def broken(p: np.ndarray, q: np.ndarray, drafts: list[int], rng: np.random.Generator) -> tuple[int, int]:
         if rng.random() * q[0, drafts[0]] < p[0, drafts[0]]:
             return 1, 0
-        return 0, acceptance.draw(p[0], rng)  # should be norm(max(0, p - q))
+        return 0, verify.draw(p[0], rng)  # should be norm(max(0, p - q))
 
     counts, p = first_tokens_of_chain(broken, seed=1)
     assert chi_square_p(counts, dict(enumerate(p)), DRAWS) < ALPHA
 
 
 def test_the_point_mass_rule_over_several_children_yields_the_target_distribution() -> None:
-    counts, p = tokens_of_tree_node(acceptance.choose_child, seed=2)
+    counts, p = tokens_of_tree_node(verify.choose_child, seed=2)
     assert chi_square_p(counts, dict(enumerate(p)), DRAWS) > ALPHA
 
 
@@ -73,7 +73,7 @@ def test_the_statistic_rejects_a_point_mass_rule_that_does_not_renormalise() -> 
             if rng.random() < p[token]:  # should be the renormalised residual's probability
                 return place, token
             residual[token] = 0.0
-        return None, acceptance.draw(residual, rng)
+        return None, verify.draw(residual, rng)
 
     counts, p = tokens_of_tree_node(broken, seed=2)
     assert chi_square_p(counts, dict(enumerate(p)), DRAWS) < ALPHA
@@ -82,7 +82,7 @@ def test_the_statistic_rejects_a_point_mass_rule_that_does_not_renormalise() -> 
 def test_a_point_mass_residual_takes_its_token_even_when_rounding_says_otherwise() -> None:
     p = np.zeros(4)
     p[2] = 1.0 - 1e-17  # rounds to a probability below one uniform draw in 1e16; the rest of p is 0
-    assert acceptance.choose_child(p, [1, 2], np.random.default_rng(0)) == (1, 2)
+    assert verify.choose_child(p, [1, 2], np.random.default_rng(0)) == (1, 2)
 
 
 def test_the_point_mass_chain_rule_yields_the_target_distribution() -> None:
@@ -90,6 +90,6 @@ def test_the_point_mass_chain_rule_yields_the_target_distribution() -> None:
     p = random_distributions(rng, 2, 8)
     counts: Counter[int] = Counter()
     for _ in range(DRAWS):
-        accepted, following = acceptance.accept_deterministic(p, [3], rng)
+        accepted, following = verify.accept_deterministic(p, [3], rng)
         counts[3 if accepted else following] += 1
     assert chi_square_p(counts, dict(enumerate(p[0])), DRAWS) > ALPHA

@@ -31,11 +31,12 @@ from decoctl.bench_ideal import (
     CostCurve,
     ForwardLedger,
     ideal_ratio,
-    ledger_from_controller_stats,
+    ledger_from_stats,
     spread,
 )
 from decoctl.cli import main
-from decoctl.errors import CapabilityError, ConfigError, PluginError
+from decoctl.errors import CapabilityError, ConfigError
+from decoctl.host import ForwardSizes
 from decoctl.model import load_model
 from decoctl.testing import build_genai_model
 
@@ -154,38 +155,20 @@ def test_no_decode_work_has_no_ideal() -> None:
     assert ideal_ratio([(1, ForwardLedger(basis="test"))], CURVE) is None
 
 
-def test_a_controllers_verify_sizes_make_an_exact_ledger() -> None:
-    ledger = ledger_from_controller_stats(
-        "spec",
-        forwards={"target": 3, "draft": 9},
-        tokens_fed={"target": 9, "draft": 9},
-        onnx_seconds={"target": 0.5, "draft": 0.2},
-        controller={"verify_sizes": {4: 2, 1: 1}},
+def test_the_hosts_forward_sizes_make_an_exact_ledger() -> None:
+    sizes = ForwardSizes(chain={4: (2, 0.3), 1: (1, 0.1)}, tree={9: (3, 0.6)})
+    ledger = ledger_from_stats(
+        forward_sizes={"target": sizes, "draft": ForwardSizes(chain={1: (9, 0.2)})},
+        onnx_seconds={"target": 1.0, "draft": 0.2},
     )
-    assert ledger == ForwardLedger(basis="controller verify sizes", chain={4: 2, 1: 1}, other_seconds=0.2)
+    assert ledger == ForwardLedger(basis="forward sizes", chain={4: 2, 1: 1}, tree={9: 3}, other_seconds=0.2)
 
 
-def test_verify_sizes_that_miss_target_forwards_are_refused_naming_the_contender() -> None:
-    with pytest.raises(PluginError, match=r"contender 'spec'.*count 2 target forward"):
-        ledger_from_controller_stats(
-            "spec",
-            forwards={"target": 3},
-            tokens_fed={"target": 9},
-            onnx_seconds={},
-            controller={"verify_sizes": {4: 2}},
-        )
-
-
-def test_without_verify_sizes_one_token_forwards_are_exact_and_others_are_spread() -> None:
-    exact = ledger_from_controller_stats(
-        "greedy", forwards={"target": 5}, tokens_fed={"target": 5}, onnx_seconds={}, controller={}
-    )
-    assert exact == ForwardLedger.one_token(5)
-    spread_out = ledger_from_controller_stats(
-        "mine", forwards={"target": 2}, tokens_fed={"target": 7}, onnx_seconds={}, controller={}
-    )
-    assert spread_out.chain == {3: 1, 4: 1}
-    assert spread_out.basis == "tokens fed spread over forwards"
+def test_a_greedy_generations_ledger_prices_like_the_baseline() -> None:
+    ledger = ledger_from_stats(forward_sizes={"target": ForwardSizes(chain={1: (5, 0.5)})}, onnx_seconds={})
+    assert ledger.chain == ForwardLedger.one_token(5).chain
+    assert ideal_ratio([(6, ledger)], CURVE) == 1.0
+    assert ledger_from_stats(forward_sizes={}, onnx_seconds={}).chain == {}
 
 
 def test_summarise_reports_the_fraction_of_ideal_as_ratio_over_ideal() -> None:
@@ -280,12 +263,12 @@ def test_a_bench_with_speculative_contenders_reports_the_curve_and_ideal_ratios(
     assert data["calibration"]["pairs"] == 1
     rows = {c["name"]: c for c in data["contenders"]}
     assert rows["greedy"]["ideal_ratio"] == 1.0
-    assert rows["greedy"]["ideal_basis"] == "one-token forwards"
+    assert rows["greedy"]["ideal_basis"] == "forward sizes"
     for name in ("pl", "dm"):
         row = rows[name]
         assert row["identical_to_baseline"] is True
         assert row["first_difference"] is None
-        assert row["ideal_basis"] == "controller verify sizes"
+        assert row["ideal_basis"] == "forward sizes"
         assert row["fraction_of_ideal"] == pytest.approx(row["ratio_to_baseline"] / row["ideal_ratio"])
 
 
@@ -295,7 +278,7 @@ def test_a_bench_with_lookahead_calibrates_tree_forwards(tree_model: Path, promp
     assert data["verify_cost_tree"]
     row = {c["name"]: c for c in data["contenders"]}["la"]
     assert row["identical_to_baseline"] is True
-    assert row["ideal_basis"] == "controller verify sizes"
+    assert row["ideal_basis"] == "forward sizes"
     assert row["ideal_ratio"] > 0
 
 

@@ -1,6 +1,5 @@
 """decoctl-eagle: EAGLE decoding (a draft head fed the target's features; chain or EAGLE-2 dynamic trees), lossless."""
 
 from decoctl_eagle.controller import Eagle
-from decoctl_eagle.drafts import DraftTree
 
-__all__ = ["DraftTree", "Eagle"]
+__all__ = ["Eagle"]

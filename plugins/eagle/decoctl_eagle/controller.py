@@ -19,7 +19,7 @@ One step:
    extension of its own token tree, each with its parent's predicted feature, and the top-k children of each
    become candidates; after D depths the N best candidates form the draft tree.
 2. Verify with ONE target forward over the pending token and the drafts (a chain, or the tree with tree=parents):
-   the rows, processed with each node's own prefix, give the accepted path and one more token (below).
+   decoctl.verify's Verifier processes the rows with each node's own prefix and accepts a path and one more token.
 3. Commit; keep the target's accepted path (rewind after a chain, keep(path) after a tree); rewind the head to its
    synced length and feed it the accepted pairs: the target's true features at the pending token and at each
    accepted draft, each with the token after it. That is m + 1 rows in one head forward, whose last row is the
@@ -28,7 +28,7 @@ One step:
 Acceptance (lossless): greedy takes the target's argmax wherever it is. Sampling a chain, the drafts are drawn from
 the head's q: speculative sampling (accept with min(1, p/q), residual norm(max(0, p - q))). Sampling a tree, the
 tree is chosen deterministically (top-k, no randomness), so each child is a point-mass proposal: the children are
-tried in turn with the point-mass rule (see acceptance.choose_child). Every committed token is distributed as the
+tried in turn with the point-mass rule (decoctl.verify.choose_child). Every committed token is distributed as the
 target's (processed) distribution.
 """
 
@@ -39,16 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from decoctl import ConfigError, Host, Option, Sequence
-from decoctl.acceptance import (
-    accept_greedy,
-    accept_sampled,
-    choose_child,
-    draw,
-    log_probabilities,
-    probabilities,
-)
-from decoctl_eagle.drafts import Candidates, DraftTree
+from decoctl import ConfigError, Host, Option
+from decoctl.verify import DraftTree, Verdict, Verifier, draw, log_probabilities, probabilities
+from decoctl_eagle.drafts import Candidates
 
 __all__ = ["HEAD", "OPTIONS", "Eagle", "capabilities_for", "check_options", "scratch_for"]
 
@@ -145,20 +138,14 @@ class Eagle:
         self.nodes = int(options["nodes"])
         self.sampling = bool(options["sampling"])
         self.temperature = float(options["temperature"])
+        self.verifier = Verifier(sampling=self.sampling, temperature=self.temperature)
         self._reset()
 
     def _reset(self) -> None:
         self._root: tuple[np.ndarray, np.ndarray] | None = None
         self._synced = 0
-        self.steps = self.drafted = self.accepted = self.committed = 0
-        self.head_forwards = 0
-        self.head_seconds = self.target_seconds = self.draft_seconds = self.verify_seconds = 0.0
-        self.prompt_head_seconds = 0.0
-        self.largest_tree = 0
-        self.stopped_unsure = 0
-        #: target forwards by tokens fed (chains) and by nodes (trees), for the bench's ideal-speedup model
-        self.verify_sizes: dict[int, int] = {}
-        self.tree_verify_sizes: dict[int, int] = {}
+        self.committed = self.largest_tree = self.stopped_unsure = 0
+        self.draft_seconds = self.verify_seconds = self.prompt_head_seconds = 0.0
 
     # -- set-up -----------------------------------------------------------------------------------------------
     def start(self, host: Host) -> None:
@@ -177,13 +164,13 @@ class Eagle:
             # a chunked prefill keeps the last chunk's hidden states only: run the prompt again for the rest
             features = self._prompt_features(host)
             host.trace["eagle_prompt_refed"] = True
-        target.rewind(len(prompt) - 1)
-        self._pending = int(prompt[-1])
+        self.verifier.start(host)
         head.rewind(0)
+        before = head.stats.seconds
         if len(prompt) > 1:
             self._sync_head(host, prompt[1:], features[:-1], chunk=host.prefill_chunk)
-        # the counters cover decoding, as the generation's per-role stats do; the prompt's head work apart
-        self.prompt_head_seconds, self.head_seconds, self.head_forwards = self.head_seconds, 0.0, 0
+        # the generation's per-role stats cover decoding: the prompt's head work is counted here
+        self.prompt_head_seconds = head.stats.seconds - before
         host.trace["drafting"] = "eagle-2 dynamic tree" if self.tree else "eagle chain"
         host.trace["acceptance"] = self._mode()
 
@@ -205,10 +192,7 @@ class Eagle:
 
     # -- one step -----------------------------------------------------------------------------------------------
     def step(self, host: Host) -> None:
-        target = host.target
-        base = target.length
-        # drafts beyond the pending token: no more than the output still takes, nor than the KV cache holds
-        room = min(host.remaining - 1, target.max_length - base - 1)
+        room = self.verifier.room(host)
         began = time.perf_counter()
         if self.tree:
             tree = self._draft_tree(host, room)
@@ -216,29 +200,18 @@ class Eagle:
             drafts, q = self._draft_chain(host, room)
         verifying = time.perf_counter()
         self.draft_seconds += verifying - began
+        verdict: Verdict
         if self.tree:
-            path, following = self._verify_tree(host, tree)
-            tokens = [tree.tokens[node] for node in path]
-            nodes = [0, *path]
+            self.largest_tree = max(self.largest_tree, tree.size)
+            verdict = self.verifier.tree(host, tree)
         else:
-            accepted, following = self._verify_chain(host, drafts, q)
-            tokens = drafts[:accepted]
-            nodes = list(range(accepted + 1))
+            verdict = self.verifier.chain(host, drafts, q)
         # copied before the target moves on: the true features at the pending token and every accepted draft
-        features = np.array(target.hidden_states()[nodes])
+        features = np.array(host.target.hidden_states()[verdict.nodes])
         self.verify_seconds += time.perf_counter() - verifying
-        self.steps += 1
-        self.accepted += len(tokens)
-        new = [*tokens, following]
-        self.committed += host.commit(new)
-        if host.done:
-            return
-        if self.tree:
-            target.keep(nodes)
-        else:
-            target.rewind(base + len(nodes))
-        self._sync_head(host, new, features)
-        self._pending = following
+        self.committed += self.verifier.commit(host, verdict)
+        if not host.done:
+            self._sync_head(host, verdict.tokens, features)
 
     # -- drafting -------------------------------------------------------------------------------------------------
     def _draft_chain(self, host: Host, room: int) -> tuple[list[int], np.ndarray | None]:
@@ -269,13 +242,13 @@ class Eagle:
                     break
             drafts.append(token)
             if index + 1 < k:
-                row = self._head_forward(head, [token], feature[None, :])[-1]
+                row = head.forward([token], features=feature[None, :])[-1]
                 feature = head.hidden_states()[-1]
         return drafts, (np.stack(qs) if self.sampling and qs else None)
 
     def _draft_tree(self, host: Host, room: int) -> DraftTree:
         head = host[HEAD]
-        pending = self._pending
+        pending = self.verifier.pending
         nodes = min(self.nodes, room)
         if self._root is None or nodes < 1:
             return Candidates().tree(pending, 0)
@@ -292,11 +265,10 @@ class Eagle:
                 break
             parents = [candidates.parents[c] for c in frontier]
             features = np.stack([root_feature if p < 0 else predicted[p] for p in parents])
-            rows = self._head_forward(
-                head,
+            rows = head.forward(
                 [candidates.tokens[c] for c in frontier],
-                features,
-                tree=[-1 if p < 0 else place[p] for p in parents],
+                [-1 if p < 0 else place[p] for p in parents],
+                features=features,
             )
             hidden = head.hidden_states()
             for index, c in enumerate(frontier):
@@ -307,62 +279,6 @@ class Eagle:
             frontier = candidates.best(grown, self.topk)
         return candidates.tree(pending, nodes)
 
-    def _head_forward(
-        self, head: Sequence, tokens: list[int], features: np.ndarray, tree: list[int] | None = None
-    ) -> np.ndarray:
-        began = time.perf_counter()
-        rows = head.forward(tokens, tree, features=features)
-        self.head_seconds += time.perf_counter() - began
-        self.head_forwards += 1
-        return rows
-
-    # -- verification ---------------------------------------------------------------------------------------------
-    def _target_forward(self, target: Sequence, tokens: list[int], tree: list[int] | None = None) -> np.ndarray:
-        began = time.perf_counter()
-        rows = target.forward(tokens, tree)
-        self.target_seconds += time.perf_counter() - began
-        return rows
-
-    def _verify_chain(self, host: Host, drafts: list[int], q: np.ndarray | None) -> tuple[int, int]:
-        logits = self._target_forward(host.target, [self._pending, *drafts])
-        self._count(self.verify_sizes, len(drafts) + 1)
-        self.drafted += len(drafts)
-        if not self.sampling:
-            return accept_greedy(host.argmax(logits, drafts), drafts)
-        p = probabilities(host.process(logits, drafts), self.temperature)
-        if q is None:  # nothing drafted: plain sampling from the pending token's row
-            return 0, draw(p[0], host.rng)
-        return accept_sampled(p, q, drafts, host.rng)
-
-    def _verify_tree(self, host: Host, tree: DraftTree) -> tuple[list[int], int]:
-        """Returns the accepted nodes (root excluded) and the token after them."""
-        target = host.target
-        if tree.size == 1:
-            rows = self._target_forward(target, list(tree.tokens))
-            self._count(self.verify_sizes, 1)
-        else:
-            rows = self._target_forward(target, list(tree.tokens), list(tree.parents))
-            self._count(self.tree_verify_sizes, tree.size)
-        self.drafted += tree.size - 1
-        self.largest_tree = max(self.largest_tree, tree.size)
-        # per node: its processed logits when sampling, else its processed argmax
-        paths = [list(p) for p in tree.paths]
-        verdicts = host.process(rows, paths=paths) if self.sampling else host.argmax(rows, paths=paths)
-        node, path = 0, []
-        while True:
-            children = tree.children[node]
-            if self.sampling:
-                p = probabilities(verdicts[node : node + 1], self.temperature)[0]
-                place, token = choose_child(p, [tree.tokens[c] for c in children], host.rng)
-                child = None if place is None else children[place]
-            else:
-                token = int(verdicts[node])
-                child = next((c for c in children if tree.tokens[c] == token), None)
-            if child is None:
-                return path, token
-            path.append(child)
-            node = child
-
     # -- the head ----------------------------------------------------------------------------------------------
     def _sync_head(self, host: Host, tokens: Any, features: np.ndarray, chunk: int | None = None) -> None:
         """Drop what the head guessed since its last sync and feed it pairs of true features and the tokens after
@@ -371,7 +287,7 @@ class Eagle:
         head.rewind(self._synced)
         step = chunk or len(tokens)
         for begin in range(0, len(tokens), step):
-            self._head_forward(head, list(tokens[begin : begin + step]), features[begin : begin + step])
+            head.forward(list(tokens[begin : begin + step]), features=features[begin : begin + step])
         self._synced = head.length
         predicted = head.hidden_states()[-1]
         if predicted.shape[0] != features.shape[1]:
@@ -382,29 +298,16 @@ class Eagle:
             )
         self._root = (np.array(head.logits()[-1]), np.array(predicted))
 
-    @staticmethod
-    def _count(sizes: dict[int, int], size: int) -> None:
-        sizes[size] = sizes.get(size, 0) + 1
-
     def stats(self) -> dict[str, Any]:
-        steps = self.steps
+        steps, drafted = self.verifier.steps, self.verifier.drafted
         return {
             "drafting": "tree" if self.tree else "chain",
-            "steps": steps,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            **self.verifier.stats(),
             "tau": self.committed / steps if steps else 0.0,
-            "mean_drafted_per_step": self.drafted / steps if steps else 0.0,
+            "mean_drafted_per_step": drafted / steps if steps else 0.0,
             "largest_tree": self.largest_tree,
             "stopped_unsure": self.stopped_unsure,
-            "head_forwards": self.head_forwards,
-            "head_seconds": self.head_seconds,
             "prompt_head_seconds": self.prompt_head_seconds,
-            "target_forwards": steps,
-            "target_seconds": self.target_seconds,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
-            "verify_sizes": dict(self.verify_sizes),
-            "tree_verify_sizes": dict(self.tree_verify_sizes),
         }

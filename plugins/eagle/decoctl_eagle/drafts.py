@@ -4,31 +4,16 @@ The head proposes the top-k children of a node from its row; a child's score is 
 the head's probability for it, so scores only fall along a path. Growing the tree, the k best candidates of the
 newest depth are expanded next; at the end the N best candidates overall form the tree that is verified. Since a
 child never scores above its parent (ties go to the earlier, shallower candidate), the N best always include every
-ancestor of each one: the selection is a tree without any repair.
+ancestor of each one: the selection is a tree without any repair, which decoctl.verify's DraftTree holds.
 """
 
 from __future__ import annotations
 
-import attrs
 import numpy as np
 
-__all__ = ["Candidates", "DraftTree"]
+from decoctl.verify import DraftTree
 
-
-@attrs.frozen(kw_only=True)
-class DraftTree:
-    """What one target forward verifies. Node 0 is the pending token; nodes 1..n are drafted tokens, parents before
-    children. ``parents[0]`` is -1; ``paths[i]`` the drafted tokens from node 0's child down to node i (empty for
-    node 0): the prefix node i's row is conditioned on; ``children[i]`` node i's children, best first."""
-
-    tokens: tuple[int, ...]
-    parents: tuple[int, ...]
-    paths: tuple[tuple[int, ...], ...]
-    children: tuple[tuple[int, ...], ...]
-
-    @property
-    def size(self) -> int:
-        return len(self.tokens)
+__all__ = ["Candidates"]
 
 
 class Candidates:
@@ -78,17 +63,13 @@ class Candidates:
         return sorted(among, key=lambda c: (-self.scores[c], c))[:k]
 
     def tree(self, pending: int, size: int) -> DraftTree:
-        """The ``size`` best candidates under the pending token, as a tree ordered by depth."""
+        """The ``size`` best candidates under the pending token, as a tree ordered by depth. Siblings come out of
+        one ``expand`` most probable first, so they are added best first: the order the point-mass rule tries
+        them in (any order is exact; this one accepts most)."""
         chosen = sorted(self.best(list(range(len(self))), size), key=lambda c: (len(self.paths[c]), c))
-        node = {c: i + 1 for i, c in enumerate(chosen)}
-        parents = [-1] + [0 if self.parents[c] < 0 else node[self.parents[c]] for c in chosen]
-        children: list[list[int]] = [[] for _ in parents]
-        # best first: the order the point-mass rule tries them in (any order is exact; this one accepts most)
-        for c in sorted(chosen, key=lambda c: (-self.scores[c], c)):
-            children[parents[node[c]]].append(node[c])
-        return DraftTree(
-            tokens=(pending, *(self.tokens[c] for c in chosen)),
-            parents=tuple(parents),
-            paths=((), *(self.paths[c] for c in chosen)),
-            children=tuple(tuple(c) for c in children),
-        )
+        tree = DraftTree(pending)
+        node: dict[int, int] = {}
+        for c in chosen:
+            parent = self.parents[c]
+            node[c] = tree.add(0 if parent < 0 else node[parent], self.tokens[c])
+        return tree

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from decoctl_eagle.drafts import Candidates, DraftTree
+from decoctl_eagle.drafts import Candidates
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoctl.acceptance import log_probabilities
 from decoctl.host import Sequence
 from decoctl.model import load_model
+from decoctl.verify import DraftTree, log_probabilities
 
 
 def grow(seed: int, depth: int, topk: int) -> Candidates:
@@ -40,7 +40,7 @@ def test_the_best_candidates_form_a_tree_in_feed_order(seed: int, depth: int, to
         parent = tree.parents[node]
         assert 0 <= parent < node
         assert tree.paths[node] == (*tree.paths[parent], tree.tokens[node])
-        assert node in tree.children[parent]
+        assert tree.children[parent][tree.tokens[node]] == node
     chosen_scores = sorted(candidates.scores, reverse=True)[: tree.size - 1]
     assert sorted(_scores(candidates, tree), reverse=True) == chosen_scores
 
@@ -60,9 +60,9 @@ def test_children_are_listed_best_first_and_improbable_tokens_never_drafted() ->
     assert np.isclose(candidates.scores[3], np.log(0.6 * 0.7))
     # scores: 1 (0.6), 1->0 (0.42), 3 (0.3), 1->1 (0.12), 0 (0.1): the best three, by depth
     tree = candidates.tree(pending=7, size=3)
-    assert (tree.tokens, tree.parents) == ((7, 1, 3, 0), (-1, 0, 0, 1))
-    assert tree.children == ((1, 2), (3,), (), ())
-    assert tree.paths == ((), (1,), (3,), (1, 0))
+    assert (tree.tokens, tree.parents) == ([7, 1, 3, 0], [-1, 0, 0, 1])
+    assert [list(children.values()) for children in tree.children] == [[1, 2], [3], [], []]
+    assert tree.paths == [(), (1,), (3,), (1, 0)]
 
 
 def test_a_draft_vocabulary_head_gives_the_full_heads_logits_on_its_ids_and_minus_infinity_elsewhere(

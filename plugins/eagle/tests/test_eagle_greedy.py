@@ -98,17 +98,18 @@ def test_stats_account_for_every_forward(
         PROMPTS[0], max_new_tokens=12
     )
     stats, steps = result.stats.controller, result.stats.controller["steps"]
-    sizes = {**stats["verify_sizes"], **stats["tree_verify_sizes"]}
+    target = result.stats.forward_sizes["target"]
+    sizes = {n: count for n, (count, _) in (*target.chain.items(), *target.tree.items())}
     assert steps == result.stats.forwards["target"] == sum(sizes.values())
     assert sum(n * count for n, count in sizes.items()) == result.stats.tokens_fed["target"]
     assert stats["drafted"] == result.stats.tokens_fed["target"] - steps
     assert stats["tau"] == pytest.approx(result.stats.new_tokens / steps)
     assert 0.0 <= stats["acceptance_rate"] <= 1.0
-    assert stats["head_forwards"] == result.stats.forwards["eagle"]
+    head_forwards = result.stats.forwards["eagle"]
     syncs = steps - 1  # every step but the last feeds the head the accepted pairs once
     if drafting == "chain":
         # a chain of n - 1 drafts (a verify of n tokens) took n - 2 head forwards after the root
-        assert stats["head_forwards"] == sum(max(n - 2, 0) * count for n, count in sizes.items()) + syncs
+        assert head_forwards == sum(max(n - 2, 0) * count for n, count in sizes.items()) + syncs
     else:
         assert stats["largest_tree"] == options["nodes"] + 1
-        assert syncs < stats["head_forwards"] <= steps * (options["depth"] - 1) + syncs
+        assert syncs < head_forwards <= steps * (options["depth"] - 1) + syncs

@@ -2,7 +2,7 @@
 
 Chains are drafted from the head's q and verified by speculative sampling (min(1, p/q), residual
 norm(max(0, p - q))); trees are chosen deterministically and verified by the point-mass rule over each node's
-children. The rules themselves (decoctl.acceptance) are checked in tests/test_acceptance.py; here, end to end on
+children. The rules themselves (decoctl.verify) are checked in tests/test_acceptance.py; here, end to end on
 the first two tokens of 2,500 seeded generations, with and without a prefix-dependent logits processor.
 
 Power: every test also runs the same statistic against a plausible wrong answer and requires it to be rejected at

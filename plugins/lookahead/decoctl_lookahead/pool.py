@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-__all__ = ["NGramPool", "PairIndex"]
+__all__ = ["NGramPool"]
 
 
 def _remember(grams: OrderedDict[tuple[int, ...], None], gram: tuple[int, ...], limit: int) -> None:
@@ -61,34 +61,3 @@ class NGramPool:
                     if len(picked) == limit:
                         break
         return picked
-
-
-class PairIndex:
-    """Where each pair of neighbouring tokens last occurred in a growing context, to copy what followed it.
-
-    ``extend(tokens)`` appends to the context; ``copy(limit)`` returns up to ``limit`` tokens that followed the
-    most recent earlier occurrence of the context's last two tokens (prompt lookup's copy, keyed on two tokens):
-    nothing when the pair has not occurred before. The index costs a dict update per token, a copy a lookup.
-    """
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self._last: dict[tuple[int, int], int] = {}  # pair -> index of its second token, most recent
-        self._previous: dict[tuple[int, int], int] = {}  # pair -> the occurrence before that
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        context = self.tokens
-        for token in tokens:
-            context.append(int(token))
-            if len(context) > 1:
-                pair = (context[-2], context[-1])
-                if pair in self._last:
-                    self._previous[pair] = self._last[pair]
-                self._last[pair] = len(context) - 1
-
-    def copy(self, limit: int) -> list[int]:
-        context = self.tokens
-        if limit <= 0 or len(context) < 3:
-            return []
-        at = self._previous.get((context[-2], context[-1]))
-        return [] if at is None else context[at + 1 : at + 1 + limit]

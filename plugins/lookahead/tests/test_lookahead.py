@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from decoctl_lookahead import NGramPool, PairIndex
+from decoctl_lookahead import NGramPool
 
 from decoctl import CapabilityError, GenerationError, Generator
 from decoctl.plugins import PluginRegistry
@@ -60,29 +60,17 @@ def test_greedy_lookahead_with_copies_is_greedy_and_takes_copied_tokens(
         result = lookahead.generate(prompt, max_new_tokens=48)
         assert result.tokens == baseline.generate(prompt, max_new_tokens=48).tokens, prompt
         stats = result.stats.controller
-        assert sum(stats["tree_verify_sizes"].values()) == result.stats.forwards["target"]
+        assert result.stats.forward_sizes["target"].chain == {}  # every step one tree forward
         copied += stats["copied_tokens_accepted"]
     assert copied > 0
 
 
-def test_copies_follow_the_last_earlier_occurrence_of_the_final_two_tokens() -> None:
-    index = PairIndex()
-    index.extend([1, 2, 3, 4, 1, 2, 5])
-    assert index.copy(3) == []  # (2, 5) never occurred before
-    index.extend([9, 1, 2])
-    assert index.copy(3) == [5, 9, 1]  # the most recent earlier (1, 2) was followed by 5, 9, 1
-    assert index.copy(1) == [5]
-    assert index.copy(0) == []
-    index.extend([5])
-    assert index.copy(10) == [9, 1, 2, 5]  # what there is, up to the end of the context
-
-
 def test_the_stats_count_every_target_forward_by_the_tokens_it_fed(tree_model: Path, registry: PluginRegistry) -> None:
     result = Generator({"target": tree_model}, "lookahead", registry=registry).generate(PROMPTS[1], max_new_tokens=40)
-    sizes = result.stats.controller["tree_verify_sizes"]
-    assert result.stats.controller["verify_sizes"] == {}
-    assert sum(sizes.values()) == result.stats.forwards["target"]
-    assert sum(n * count for n, count in sizes.items()) == result.stats.tokens_fed["target"]
+    sizes = result.stats.forward_sizes["target"]
+    assert sizes.chain == {}
+    assert sum(count for count, _ in sizes.tree.values()) == result.stats.forwards["target"]
+    assert sum(n * count for n, (count, _) in sizes.tree.items()) == result.stats.tokens_fed["target"]
 
 
 def test_the_degraded_mode_counts_its_chain_forwards_by_size(plain_model: Path, registry: PluginRegistry) -> None:
@@ -90,10 +78,10 @@ def test_the_degraded_mode_counts_its_chain_forwards_by_size(plain_model: Path, 
     result = Generator({"target": plain_model}, "lookahead", options=options, registry=registry).generate(
         PROMPTS[1], max_new_tokens=40
     )
-    sizes = result.stats.controller["verify_sizes"]
-    assert result.stats.controller["tree_verify_sizes"] == {}
-    assert sum(sizes.values()) == result.stats.forwards["target"]
-    assert sum(n * count for n, count in sizes.items()) == result.stats.tokens_fed["target"]
+    sizes = result.stats.forward_sizes["target"]
+    assert sizes.tree == {}
+    assert sum(count for count, _ in sizes.chain.values()) == result.stats.forwards["target"]
+    assert sum(n * count for n, (count, _) in sizes.chain.items()) == result.stats.tokens_fed["target"]
 
 
 def test_a_model_without_tree_inputs_is_refused_naming_the_transform(

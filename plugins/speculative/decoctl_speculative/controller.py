@@ -1,10 +1,7 @@
-"""The speculative decoding loop, over host primitives only.
+"""The speculative decoding loop: a drafter and a draft-length rule over decoctl.verify's chain verification.
 
-Invariant between steps: the target's KV cache holds the context (prompt + committed tokens) except its last
-token, the *pending* one. A step drafts d1..dK, runs ONE target forward over [pending, d1..dK] (K+1 rows, row i
-predicting the token after d1..di), processes the rows through the logits chain with each row's own prefix,
-accepts a prefix of the drafts plus one target token, commits them, and rewinds the target to
-pending + accepted drafts (O(1)); the target's own token becomes the next pending token.
+A step drafts d1..dK after the pending token and verifies them in ONE target forward over [pending, d1..dK]
+(``Verifier.chain``): the longest acceptable prefix plus one target token is committed, losslessly.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from decoctl import ConfigError, Host, Option
-from decoctl.acceptance import accept_deterministic, accept_greedy, accept_sampled, probabilities
+from decoctl.verify import Verifier
 from decoctl_speculative.draft_length import CostAwareLength, DraftLength, ScheduledLength
 from decoctl_speculative.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter
 
@@ -71,24 +68,17 @@ class Speculative:
             self.drafter = PromptLookupDrafter(ngram_min=options["ngram_min"], ngram_max=options["ngram_max"])
         self._options = options
         self.k = draft_length(options)
-        self._reset_counters()
-
-    def _reset_counters(self) -> None:
-        self.steps = self.drafted = self.accepted = 0
+        self.verifier = Verifier(sampling=self.sampling, temperature=self.temperature)
         self.draft_seconds = self.verify_seconds = 0.0
-        #: tokens per verify forward -> how many steps fed that many (for the bench's ideal-speedup model)
-        self.verify_sizes: dict[int, int] = {}
 
     def start(self, host: Host) -> None:
-        self._reset_counters()
+        self.draft_seconds = self.verify_seconds = 0.0
         self.k = draft_length(self._options)  # what a rule learnt belongs to one generation
-        target = host.target
         prompt = host.prompt_tokens
         self._context = np.zeros(len(prompt) + host.remaining + 1, np.int64)
         self._context[: len(prompt)] = prompt
         self._length = len(prompt)
-        target.rewind(target.length - 1)
-        self._pending = int(prompt[-1])
+        self.verifier.start(host)
         self.drafter.start(host)
         host.trace["drafter"] = self.drafter.name
         host.trace["acceptance"] = self._mode()
@@ -100,9 +90,7 @@ class Speculative:
         return "point-mass-rejection" if self.drafter.deterministic else "speculative-sampling"
 
     def step(self, host: Host) -> None:
-        target = host.target
-        base = target.length
-        cap = min(self.k.high, host.remaining - 1, target.max_length - base - 1)
+        cap = min(self.k.high, self.verifier.room(host))
         began = time.perf_counter()
         context = self._context[: self._length]
         if self.drafter.model_free:  # drafting is free: take every candidate, then verify as many as pay
@@ -113,58 +101,38 @@ class Speculative:
             k = self.k.choose(self.drafter.bucket, cap)
             drafts, q = self.drafter.propose(host, context, k) if k > 0 else ([], None)
         q = None if q is None else q[: len(drafts)]
+        drafted = time.perf_counter()
+        verdict = self.verifier.chain(host, drafts, q)
         verified = time.perf_counter()
-        logits = target.forward([self._pending, *drafts])
-        if not self.sampling:
-            choices = host.argmax(logits, drafts)
-            forwarded = time.perf_counter()
-            accepted, following = accept_greedy(choices, drafts)
-        else:
-            rows = host.process(logits, drafts)
-            forwarded = time.perf_counter()
-            p = probabilities(rows, self.temperature)
-            if q is None:
-                accepted, following = accept_deterministic(p, drafts, host.rng)
-            else:
-                accepted, following = accept_sampled(p, q, drafts, host.rng)
-        self.verify_seconds += time.perf_counter() - verified
-        self.draft_seconds += verified - began
+        self.draft_seconds += drafted - began
+        self.verify_seconds += verified - drafted
         self.k.observe(
             bucket=self.drafter.bucket,
             drafted=len(drafts),
-            accepted=accepted,
-            verify_seconds=forwarded - verified,
-            draft_seconds=verified - began,
+            accepted=verdict.accepted,
+            verify_seconds=verified - drafted,
+            draft_seconds=drafted - began,
         )
-        self.steps += 1
-        self.verify_sizes[len(drafts) + 1] = self.verify_sizes.get(len(drafts) + 1, 0) + 1
-        self.drafted += len(drafts)
-        self.accepted += accepted
-        new = [*drafts[:accepted], following]
-        host.commit(new)
+        self.verifier.commit(host, verdict)
         if host.done:
             return
-        target.rewind(base + 1 + accepted)
+        new = verdict.tokens
         self._context[self._length : self._length + len(new)] = new
         self._length += len(new)
-        self._pending = following
 
     def _length_rule(self) -> str:
         return self._options["length_rule"] if self._options["adaptive"] else "fixed"
 
     def stats(self) -> dict[str, Any]:
+        steps, accepted = self.verifier.steps, self.verifier.accepted
         return {
             "drafter": self.drafter.name,
-            "steps": self.steps,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
-            "mean_accepted_per_step": self.accepted / self.steps if self.steps else 0.0,
+            **self.verifier.stats(),
+            "mean_accepted_per_step": accepted / steps if steps else 0.0,
             "length_rule": self._length_rule(),
             **self.k.stats(),
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
-            "verify_sizes": dict(self.verify_sizes),
             **self.drafter.stats(),
         }
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from decoctl import Host
-from decoctl.acceptance import draw, probabilities
+from decoctl.verify import LookupIndex, draw, probabilities
 
 __all__ = ["DraftModelDrafter", "Drafter", "PromptLookupDrafter"]
 
@@ -93,10 +93,8 @@ class DraftModelDrafter:
 
 class PromptLookupDrafter:
     """Copy the continuation of the latest earlier occurrence of the context's last n tokens (n from
-    ``ngram_max`` down to ``ngram_min``), from prompt and output alike. Point-mass proposals; no model.
-
-    An index from each n-gram to the position after its latest occurrence is extended by the new tokens only,
-    so a step costs O(new tokens x ngram_max), not O(context).
+    ``ngram_max`` down to ``ngram_min``), from prompt and output alike (decoctl.verify.LookupIndex, extended by the
+    new tokens only). Point-mass proposals; no model.
     """
 
     name = "prompt-lookup"
@@ -106,47 +104,24 @@ class PromptLookupDrafter:
     def __init__(self, *, ngram_min: int, ngram_max: int) -> None:
         #: the length of the n-gram the last proposal matched (0: none): longer matches are accepted more often
         self.bucket = 0
-        self.sizes = tuple(range(ngram_max, ngram_min - 1, -1))
-        self._index: dict[tuple[int, ...], int] = {}
-        self._tokens: list[int] = []
-        self._indexed = 1
-        self.hits = 0
-        self.misses = 0
+        self._sizes = (ngram_max, ngram_min)
+        self.index = LookupIndex(ngram_max, ngram_min)
+        self.hits = self.misses = 0
 
     def start(self, host: Host) -> None:
         del host
-        self._index = {}
-        self._tokens = []
-        self._indexed = 1
+        self.index = LookupIndex(*self._sizes)
         self.hits = self.misses = 0
-
-    def _extend(self, context: np.ndarray) -> None:
-        """Append the context's new tokens (it only ever grows) and index the n-grams that end before its last
-        position: the suffix must not find itself."""
-        tokens = self._tokens
-        tokens.extend(context[len(tokens) :].tolist())
-        for end in range(self._indexed, len(tokens)):
-            for size in self.sizes:
-                if size <= end:
-                    self._index[tuple(tokens[end - size : end])] = end
-        self._indexed = max(self._indexed, len(tokens))
 
     def propose(self, host: Host, context: np.ndarray, k: int) -> tuple[list[int], np.ndarray | None]:
         del host
-        self._extend(context)
-        tokens = self._tokens
-        length = len(tokens)
-        for size in self.sizes:
-            if size > length:
-                continue
-            end = self._index.get(tuple(tokens[length - size :]))
-            if end is not None:
-                self.hits += 1
-                self.bucket = size
-                return tokens[end : end + k], None
-        self.misses += 1
-        self.bucket = 0
-        return [], None
+        self.index.extend(context[len(self.index.tokens) :].tolist())
+        drafts, self.bucket = self.index.find(k)
+        if self.bucket:
+            self.hits += 1
+        else:
+            self.misses += 1
+        return drafts, None
 
     def stats(self) -> dict[str, Any]:
         return {"lookup_hits": self.hits, "lookup_misses": self.misses}

@@ -107,6 +107,7 @@ def test_the_stats_count_every_target_forward_by_the_tokens_it_fed(
     result = Generator({"target": target, "draft": draft}, "speculative", registry=registry).generate(
         PROMPTS[2], max_new_tokens=30
     )
-    sizes = result.stats.controller["verify_sizes"]
-    assert sum(sizes.values()) == result.stats.forwards["target"]
-    assert sum(n * count for n, count in sizes.items()) == result.stats.tokens_fed["target"]
+    sizes = result.stats.forward_sizes["target"]
+    assert sizes.tree == {}
+    assert sum(count for count, _ in sizes.chain.values()) == result.stats.forwards["target"]
+    assert sum(n * count for n, (count, _) in sizes.chain.items()) == result.stats.tokens_fed["target"]

@@ -1,6 +1,6 @@
 """Speculative sampling keeps the target's distribution: chi-square goodness-of-fit tests with fixed seeds.
 
-The rules themselves (decoctl.acceptance) are checked in tests/test_acceptance.py. Power: each test also runs the
+The rules themselves (decoctl.verify) are checked in tests/test_acceptance.py. Power: each test also runs the
 same statistic against a plausible wrong answer (verification that ignores the temperature, 1.0 instead of 1.3)
 and requires it to be rejected at p < 1e-3. That alternative differs from the right distribution by a total
 variation of about 0.05-0.1; at 2,500 samples per test the statistic rejects it every time, so a pass is
