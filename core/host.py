@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -30,10 +30,14 @@ from decoctl.model.tree import Tree
 from decoctl.output import Output
 from decoctl.processing import ProcessContext, ProcessorChain
 
+if TYPE_CHECKING:  # decoctl.rows builds on Sequence: imported for annotations only
+    from decoctl.rows import Rows
+
 __all__ = ["ForwardSizes", "Host", "Sequence", "SequenceStats", "debug_default"]
 
 #: the paths of a single row at the next position (no drafted tokens before it), shared by every such context
 _NEXT_ONLY: tuple[tuple[int, ...], ...] = ((),)
+_NO_TOKENS = np.zeros(0, np.int64)
 TREE_TRANSFORM_HINT = "run `decoctl models enable-tree SRC DST` to add position_ids and attention_bias inputs"
 #: debug mode: how many bytes of retired (NaN-filled) output buffers a role keeps alive, so that a stale pointer
 #: reads NaN instead of memory the allocator handed to something else; the last retired set is always kept
@@ -562,11 +566,18 @@ class Host:
         prompt: np.ndarray,
         chain: ProcessorChain | None = None,
         seed: int | None = None,
+        rows: Mapping[str, Rows] | None = None,
+        new_output: Callable[[], Output] | None = None,
     ) -> None:
         if "target" not in roles:
             raise ConfigError("a host needs a 'target' role: give the model to generate with")
         self._roles = dict(roles)
         self._output = output
+        #: every completion of this generation's prompt: output 0 streams; beams and parallel samples add more
+        self._outputs = [output]
+        self._scores: dict[int, float] = {}
+        self._new_output = new_output
+        self._rows = dict(rows or {})
         self._prompt = prompt
         self._chain = chain or ProcessorChain()
         # what every processing context carries, looked up once rather than at every step
@@ -598,10 +609,80 @@ class Host:
     def roles(self) -> tuple[str, ...]:
         return tuple(self._roles)
 
+    def rows(self, name: str = "target") -> Rows:
+        """The rows of role ``name`` (decoctl.rows): row 0 is ``host[name]``; fork, reorder, release and a batched
+        one-token step. How many rows a role holds is the controller's ``rows_for`` (ControllerSpec)."""
+        self.role(name)
+        found = self._rows.get(name)
+        if found is None:
+            raise CapabilityError(f"role {name!r} holds one sequence in this host: it has no rows to fork")
+        return found
+
+    # -- completions: several outputs of one prompt (beams, parallel samples) ------------------------------
+    def new_output(self) -> int:
+        """Start another completion of the prompt (empty, with the same stop rules); return its index. commit(),
+        process() and argmax() take ``output=`` to address it; output 0 is the one that streams."""
+        if self._new_output is None:
+            raise CapabilityError("this host holds one output: it cannot start another completion")
+        if self._chain and self._chain.stateful:
+            names = ", ".join(type(p).__name__ for p in self._chain.stateful)
+            raise ConfigError(
+                f"the logits chain holds state per sequence ({names}), which several completions of one prompt "
+                "would share: drop those processors, or generate the completions one at a time"
+            )
+        self._outputs.append(self._new_output())
+        return len(self._outputs) - 1
+
+    @property
+    def outputs(self) -> int:
+        """How many completions this generation has."""
+        return len(self._outputs)
+
+    @property
+    def committed(self) -> int:
+        """Tokens committed to every completion together."""
+        return sum(len(o.tokens) for o in self._outputs)
+
+    def output_done(self, output: int = 0) -> bool:
+        return self._completion(output).done
+
+    def output_ids(self, output: int = 0) -> np.ndarray:
+        """int64[m]: the tokens committed to ``output`` (a read-only view, valid until its next commit)."""
+        return self._completion(output).ids
+
+    def score(self, output: int, value: float) -> None:
+        """Record ``output``'s score (a beam's length-normalised log-probability, a sample's mean log-probability):
+        the result lists completions with their scores."""
+        self._completion(output)
+        self._scores[output] = float(value)
+
+    def rank_outputs(self, order: Seq[int]) -> None:
+        """Keep only the completions ``order`` names, in that order (best first), for the result. Rank once the
+        completions are done: commit() and friends then address the ranked indices. Output 0 streamed as it was
+        generated; the result lists the completions in this order."""
+        picked = [int(i) for i in order]
+        for index in picked:
+            self._completion(index)
+        if not picked or len(set(picked)) != len(picked):
+            raise SequenceError(f"rank_outputs({picked}): name each kept output once, at least one")
+        self._scores = {new: self._scores[old] for new, old in enumerate(picked) if old in self._scores}
+        self._outputs = [self._outputs[i] for i in picked]
+
+    def completions(self) -> tuple[tuple[Output, float | None], ...]:
+        """(output, score or None) per completion, in order."""
+        return tuple((o, self._scores.get(i)) for i, o in enumerate(self._outputs))
+
+    def _completion(self, output: int) -> Output:
+        if not 0 <= output < len(self._outputs):
+            raise SequenceError(f"output {output} does not exist: this generation has {len(self._outputs)}")
+        return self._outputs[output]
+
     # -- output -----------------------------------------------------------------------------------------
-    def commit(self, tokens: Seq[int] | np.ndarray) -> int:
+    def commit(self, tokens: Seq[int] | np.ndarray, *, output: int = 0) -> int:
         """Append accepted tokens to the output, applying EOS, max_new_tokens and stop strings; return how
         many were taken (fewer than given once the generation is done)."""
+        if output:
+            return self._completion(output).commit(tokens)  # new_output() refused a stateful chain
         taken = self._output.commit(tokens)
         if taken and self._chain:
             self._chain.commit(self._output.tokens[-taken:])
@@ -609,7 +690,10 @@ class Host:
 
     @property
     def done(self) -> bool:
-        return self._output.done
+        """Every completion is done (with one output: that output is)."""
+        if len(self._outputs) == 1:
+            return self._output.done
+        return all(o.done for o in self._outputs)
 
     def is_eos(self, token: int) -> bool:
         return self._output.is_eos(int(token))
@@ -639,16 +723,18 @@ class Host:
         drafted: Seq[int] | None = None,
         *,
         paths: Seq[Seq[int]] | None = None,
+        outputs: Seq[int] | None = None,
     ) -> np.ndarray:
         """Run the processor chain over float32[n, vocab] rows; identity (no copy) when none is configured.
 
         Row i is conditioned on the committed output plus ``drafted[:i]`` (a chain of drafted tokens), or
         plus ``paths[i]`` for arbitrary prefixes (a tree). Neither given: every row follows the committed
-        output directly.
+        output directly. ``outputs[i]``: row i follows that completion's committed tokens instead (one row per
+        completion, as parallel samples step; decoctl.host.Host.new_output).
         """
         if not self._chain:
             return rows
-        return self._chain(rows, self._process_context(len(rows), drafted, paths))
+        return self._chain(rows, self._process_context(len(rows), drafted, paths, outputs))
 
     def argmax(
         self,
@@ -656,15 +742,25 @@ class Host:
         drafted: Seq[int] | None = None,
         *,
         paths: Seq[Seq[int]] | None = None,
+        outputs: Seq[int] | None = None,
     ) -> np.ndarray:
         """int64[n]: each processed row's argmax (the first on ties), what greedy decoding and greedy
         verification need. Equal to ``process(rows, ...).argmax(axis=1)``; the chain may skip its trailing
         steps where they provably keep a row's argmax (``ProcessorChain.argmax``)."""
         if not self._chain:
             return rows.argmax(axis=1)
-        return self._chain.argmax(rows, self._process_context(len(rows), drafted, paths))
+        return self._chain.argmax(rows, self._process_context(len(rows), drafted, paths, outputs))
 
-    def _process_context(self, n: int, drafted: Seq[int] | None, paths: Seq[Seq[int]] | None) -> ProcessContext:
+    def _process_context(
+        self, n: int, drafted: Seq[int] | None, paths: Seq[Seq[int]] | None, outputs: Seq[int] | None = None
+    ) -> ProcessContext:
+        if outputs is not None:
+            if len(outputs) != n or drafted is not None or paths is not None:
+                raise SequenceError(f"process() got {n} rows and outputs {list(outputs)}: give one output per row")
+            followed = [self._completion(int(o)).ids for o in outputs]
+            return ProcessContext(
+                self._prompt, _NO_TOKENS, followed, eos_token_ids=self._eos_token_ids, tokenizer=self._tokenizer
+            )
         if paths is None and drafted is None and n == 1:
             paths = _NEXT_ONLY  # one row at the next position: what every greedy or sampling step asks
         elif paths is None:

@@ -170,6 +170,11 @@ class ProcessorChain:
             None if None in head_bounds else tuple(bound for bound in head_bounds if bound is not None)
         )
 
+    @property
+    def stateful(self) -> tuple[LogitsProcessor, ...]:
+        """The processors whose ``commit`` / ``reset`` keep state (every one without a true ``stateless``)."""
+        return self._stateful
+
     def __bool__(self) -> bool:
         return bool(self.processors)
 

@@ -80,10 +80,9 @@ class BatchStep:
         self.rows.bind(binding, k)
         vocab = spec.vocab_size
         binding.bind_output(spec.logits_name, "cpu", 0, np.float32, [k, 1, vocab], self._logits.ctypes.data)
-        for name, buffer in ((caps.hidden_states, self._hidden), (caps.aux_hidden_states, self._aux)):
-            if name is not None and buffer is not None:
-                shape = [k, 1, buffer.shape[1]]
-                binding.bind_output(name, "cpu", 0, np.float32, shape, buffer.ctypes.data)
+        for name, rows in ((caps.hidden_states, self._hidden), (caps.aux_hidden_states, self._aux)):
+            if name is not None and rows is not None:
+                binding.bind_output(name, "cpu", 0, np.float32, [k, 1, rows.shape[1]], rows.ctypes.data)
         self.model.session.run_with_iobinding(binding)
         hidden = None if self._hidden is None else self._hidden[:k]
         aux = None if self._aux is None else self._aux[:k]
