@@ -213,6 +213,7 @@ def _run_plugins(args: argparse.Namespace, registry: PluginRegistry) -> int:
 def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
     if args.models_command == "info":
         from decoctl.model.loader import load_model
+        from decoctl.model.runner import dry_forward
         from decoctl.resolve import resolve_model
 
         name, path = resolve_model(args.model, registry)
@@ -223,6 +224,11 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
         print(f"  kv: {spec.num_kv_heads} heads x {spec.head_size}, shared buffer {spec.share_buffer}")
         print(f"  max_length {spec.max_length}, context {spec.context_length}, eos {list(spec.eos_token_ids)}")
         print(f"  capabilities: {', '.join(model.capabilities.names()) or 'none'}")
+        print(f"  graph: {spec.onnx_file.name}")
+        sys.stdout.flush()  # the lines above stand even where the dry forward fails
+        # loading checked names, shapes and types against the config; a dry forward checks that the graph runs as
+        # generation will bind it (a failure raises ModelLoadError: one line on stderr, exit status 2)
+        print(f"  {dry_forward(model)}")
         return 0
     if args.models_command == "enable-tree":
         from decoctl.model.transform import enable_tree
@@ -276,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("plugins", help="list controllers, processors and models with their distributions")
     models = commands.add_parser("models", help="list registered models, inspect or import one")
     model_commands = models.add_subparsers(dest="models_command")
-    info = model_commands.add_parser("info", help="a model's layout and capabilities")
+    info = model_commands.add_parser("info", help="a model's layout and capabilities, checked by a dry forward")
     info.add_argument("model", help="registered name or folder")
     tree = model_commands.add_parser(
         "enable-tree", help="copy an onnxruntime-genai model with the inputs tree verification needs"

@@ -8,6 +8,7 @@ import attrs
 
 from decoctl.errors import ModelLoadError
 from decoctl.model.fed_lengths import FedLengths
+from decoctl.model.kv_cache import graph_dtype
 from decoctl.model.spec import ModelSpec, NonAttentionState, non_attention_state
 from decoctl.model.window_bias import WindowBias
 
@@ -18,6 +19,9 @@ AUX_HIDDEN_STATES = "aux_hidden_states"
 ATTENTION_BIAS = "attention_bias"
 #: the extra input of a draft head (EAGLE) that takes another model's features: float32[batch, sequence, width]
 FEATURES = "target_hidden_states"
+#: the boolean input of Optimum's merged decoder (decoder_model_merged.onnx): False runs the graph traced without a
+#: past, True the one with it
+USE_CACHE_BRANCH = "use_cache_branch"
 
 
 @attrs.frozen(kw_only=True)
@@ -34,6 +38,8 @@ class Capabilities:
     mask subgraph (decoctl.model.fed_lengths); the graph then has no attention mask input. None otherwise.
     ``windows``: the bias inputs of sliding-window layers whose window the loader moved from the kernel into the
     bias (decoctl.model.window_bias), which the runner fills with the tree bias plus the window in positions.
+    ``use_cache_branch``: the input that picks a merged decoder's branch (the runner feeds False on an empty cache,
+    True after), or None.
     """
 
     logits_all_positions: bool
@@ -47,6 +53,7 @@ class Capabilities:
     feature_size: int | None
     fed_lengths: FedLengths | None = None
     windows: tuple[WindowBias, ...] = ()
+    use_cache_branch: str | None = None
 
     @property
     def tree(self) -> bool:
@@ -93,6 +100,7 @@ class Capabilities:
                 f"{spec.onnx_file} lacks the inputs/outputs {missing} that its config promises "
                 f"({spec.num_layers} layers): the config and the graph do not belong together; re-export both"
             )
+        _check_types(spec, inputs, outputs, [spec.input_ids_name, spec.attention_mask_name])
         feature_size = _feature_size(inputs.get(FEATURES), spec)
         logits_shape = outputs[spec.logits_name].shape
         seq_dim = logits_shape[1] if len(logits_shape) == 3 else None
@@ -108,6 +116,31 @@ class Capabilities:
             feature_size=feature_size,
             fed_lengths=fed_lengths,
             windows=windows,
+            use_cache_branch=USE_CACHE_BRANCH if USE_CACHE_BRANCH in inputs else None,
+        )
+
+
+def _check_types(spec: ModelSpec, inputs: dict[str, Any], outputs: dict[str, Any], ids: list[str]) -> None:
+    """The graph's element types against what the runner binds: int64 token ids, mask and positions; logits and
+    KV in float32, float16 or bfloat16, every KV tensor in one type; a boolean ``use_cache_branch``."""
+    wrong = [
+        f"{name} is {inputs[name].type}, decoctl feeds tensor(int64)"
+        for name in (*ids, spec.position_ids_name)
+        if name in inputs and inputs[name].type != "tensor(int64)"
+    ]
+    if USE_CACHE_BRANCH in inputs and inputs[USE_CACHE_BRANCH].type != "tensor(bool)":
+        wrong.append(f"{USE_CACHE_BRANCH} is {inputs[USE_CACHE_BRANCH].type}, decoctl feeds tensor(bool)")
+    if graph_dtype(outputs[spec.logits_name].type) is None:
+        wrong.append(f"{spec.logits_name} is {outputs[spec.logits_name].type}, decoctl binds float32/16 or bfloat16")
+    kv = [inputs[n] for layer in range(spec.num_layers) for n in spec.past_names(layer)]
+    kv += [outputs[n] for layer in range(spec.num_layers) for n in spec.present_names(layer)]
+    if graph_dtype(kv[0].type) is None:
+        wrong.append(f"{kv[0].name} is {kv[0].type}, decoctl binds float32/16 or bfloat16")
+    wrong.extend(f"{v.name} is {v.type} where {kv[0].name} is {kv[0].type}" for v in kv if v.type != kv[0].type)
+    if wrong:
+        raise ModelLoadError(
+            f"{spec.onnx_file} has inputs/outputs of types decoctl does not bind ({'; '.join(wrong[:4])}): "
+            "re-export the model with those types"
         )
 
 

@@ -7,6 +7,10 @@ Two strategies, picked from the model's config:
 - ConcatKVCache: graphs whose present is past plus the new positions (Optimum, plain attention). Two
   preallocated buffers per tensor take turns as past and present, so a step allocates nothing and the only
   copy is the one onnxruntime makes while concatenating; a rewind re-lays the kept prefix once.
+
+Both hold KV in the graph's own element type (float32, float16, or bfloat16 kept as its raw bits, since numpy has
+no bfloat16), and both lay it out [batch, kv_heads, positions, head_size]; the heads and head size are the
+graph's (:func:`kv_shape`), not the config's.
 """
 
 from __future__ import annotations
@@ -20,21 +24,118 @@ import onnxruntime as ort
 from decoctl.errors import ModelLoadError
 from decoctl.model.spec import ModelSpec
 
-__all__ = ["ConcatKVCache", "KVCache", "SharedKVCache", "make_kv_cache"]
+__all__ = [
+    "BFLOAT16_BITS",
+    "ConcatKVCache",
+    "KVCache",
+    "SharedKVCache",
+    "binding_type",
+    "dtype_name",
+    "graph_dtype",
+    "kv_shape",
+    "make_kv_cache",
+    "to_float32",
+]
 
-_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": None}
+#: how the host holds a bfloat16 tensor: its raw bits (numpy has no bfloat16), named to IOBinding as ONNX's
+#: BFLOAT16 element type
+BFLOAT16_BITS = np.dtype(np.uint16)
+_ONNX_BFLOAT16 = 16
+_ORT_TYPES: dict[str, np.dtype[Any]] = {
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(bfloat16)": BFLOAT16_BITS,
+}
+
+
+def graph_dtype(ort_type: str) -> np.dtype[Any] | None:
+    """The host dtype of a floating tensor of onnxruntime type ``ort_type`` ("tensor(float16)"): float32, float16
+    or :data:`BFLOAT16_BITS`; None for a type decoctl does not bind."""
+    return _ORT_TYPES.get(ort_type)
+
+
+def binding_type(dtype: np.dtype[Any]) -> Any:
+    """What IOBinding takes for a host buffer of ``dtype``: the numpy type, or ONNX's element type number for
+    bfloat16 bits."""
+    return _ONNX_BFLOAT16 if dtype == BFLOAT16_BITS else dtype.type
+
+
+def dtype_name(dtype: np.dtype[Any]) -> str:
+    """The element type a host dtype stands for: "float32", "float16" or "bfloat16"."""
+    return "bfloat16" if dtype == BFLOAT16_BITS else dtype.name
+
+
+def to_float32(source: np.ndarray, out: np.ndarray) -> None:
+    """Write ``source`` (float16, or bfloat16 bits) into ``out`` (float32, the same shape): bfloat16 is the top
+    half of a float32, so its bits shifted up are that float32 exactly."""
+    if source.dtype == BFLOAT16_BITS:
+        np.left_shift(source, 16, out=out.view(np.uint32), dtype=np.uint32)
+    else:
+        np.copyto(out, source)
 
 
 def kv_dtype(session: ort.InferenceSession, spec: ModelSpec) -> np.dtype[Any]:
+    """The host dtype of the graph's KV inputs (see :func:`graph_dtype`)."""
     name = spec.past_names(0)[0]
     ort_type = next(i.type for i in session.get_inputs() if i.name == name)
-    dtype = _ORT_TYPES.get(ort_type)
+    dtype = graph_dtype(ort_type)
     if dtype is None:
         raise ModelLoadError(
             f"{spec.onnx_file} keeps its KV cache as {ort_type}, which decoctl does not bind: export with "
-            "float32 or float16 KV"
+            "float32, float16 or bfloat16 KV"
         )
-    return np.dtype(dtype)
+    return dtype
+
+
+def kv_shape(session: ort.InferenceSession, spec: ModelSpec) -> tuple[int, int]:
+    """(KV heads, head size) from the shapes of the graph's past inputs, [batch, kv_heads, past, head_size]; the
+    spec's (the config's) where the graph leaves them symbolic.
+
+    The graph is what the cache binds to: Falcon's multi-query export has one KV head whatever config.json's
+    ``num_kv_heads`` says. KV layouts other than [batch, kv_heads, past, head_size] are refused by name.
+    """
+    inputs = {i.name: i for i in session.get_inputs()}
+    shapes = []
+    for layer in range(spec.num_layers):
+        for name in spec.past_names(layer):
+            node = inputs.get(name)
+            if node is None:
+                _refuse_fused(spec, name, inputs)
+                continue  # Capabilities.from_session names what is missing
+            shapes.append((name, list(node.shape)))
+    for name, shape in shapes:
+        if len(shape) != 4:
+            raise ModelLoadError(
+                f"{spec.onnx_file} keeps its KV cache with the heads merged into the batch axis ({name} is "
+                f"{shape}: BLOOM exported with transformers < 4.44 keeps the key as [batch*heads, head_size, past] and "
+                "the value as [batch*heads, past, head_size]); decoctl binds [batch, kv_heads, past, head_size]: "
+                "export the model again with optimum-onnx and transformers >= 4.44"
+            )
+        if isinstance(shape[2], int) and not isinstance(shape[3], int):
+            raise ModelLoadError(
+                f"{spec.onnx_file} keeps {name} transposed ({shape}: [batch, heads, head_size, past]); decoctl binds "
+                "[batch, kv_heads, past, head_size]: export the model again with a current optimum-onnx"
+            )
+    heads = {s[1] for _, s in shapes if isinstance(s[1], int)}
+    sizes = {s[3] for _, s in shapes if isinstance(s[3], int)}
+    if len(heads) > 1 or len(sizes) > 1:
+        raise ModelLoadError(
+            f"{spec.onnx_file} has KV inputs of different shapes ({sorted({str(s) for _, s in shapes})}): decoctl "
+            "binds one [kv_heads, head_size] for every layer's key and value, so this model is not supported"
+        )
+    return (heads.pop() if heads else spec.num_kv_heads), (sizes.pop() if sizes else spec.head_size)
+
+
+def _refuse_fused(spec: ModelSpec, name: str, inputs: dict[str, Any]) -> None:
+    """Raise where ``name`` (``past_key_values.N.key``) is missing because the graph keeps key and value in one
+    tensor (``past_key_values.N.key_value``: GPTBigCode exported with transformers < 4.54)."""
+    fused = f"{name.rpartition('.')[0]}.key_value"
+    if fused in inputs:
+        raise ModelLoadError(
+            f"{spec.onnx_file} keeps each layer's key and value in one tensor ({fused} {inputs[fused].shape}, "
+            "GPTBigCode's multi-query layout of transformers < 4.54); decoctl binds past_key_values.N.key and .value "
+            "apart: export the model again with optimum-onnx and transformers >= 4.54"
+        )
 
 
 class KVCache(abc.ABC):
@@ -43,6 +144,7 @@ class KVCache(abc.ABC):
     def __init__(self, spec: ModelSpec, dtype: np.dtype[Any], max_length: int) -> None:
         self.spec = spec
         self.dtype = dtype
+        self._type = binding_type(dtype)
         self.max_length = max_length
         self.length = 0
         self._row = spec.num_kv_heads * spec.head_size
@@ -92,8 +194,8 @@ class SharedKVCache(KVCache):
                 self.spec.past_names(layer), self.spec.present_names(layer), pair, strict=True
             ):
                 pointer = buffer.ctypes.data
-                binding.bind_input(past_name, "cpu", 0, self.dtype, shape, pointer)
-                binding.bind_output(present_name, "cpu", 0, self.dtype, shape, pointer)
+                binding.bind_input(past_name, "cpu", 0, self._type, shape, pointer)
+                binding.bind_output(present_name, "cpu", 0, self._type, shape, pointer)
         self._bound.add(id(binding))
 
     def advance(self, n: int) -> None:
@@ -133,8 +235,8 @@ class ConcatKVCache(KVCache):
         past_shape = [1, heads, self.length, head]
         present_shape = [1, heads, self.length + n, head]
         for (past_name, present_name), past, present in zip(self._names, self._past, self._present, strict=True):
-            binding.bind_input(past_name, "cpu", 0, self.dtype, past_shape, past.ctypes.data)
-            binding.bind_output(present_name, "cpu", 0, self.dtype, present_shape, present.ctypes.data)
+            binding.bind_input(past_name, "cpu", 0, self._type, past_shape, past.ctypes.data)
+            binding.bind_output(present_name, "cpu", 0, self._type, present_shape, present.ctypes.data)
 
     def advance(self, n: int) -> None:
         self.length += n

@@ -15,6 +15,7 @@ from decoctl.logs import get_logger
 from decoctl.model import fed_lengths, protowire, window_bias
 from decoctl.model import huge_pages as pages
 from decoctl.model.capabilities import ATTENTION_BIAS, Capabilities
+from decoctl.model.kv_cache import kv_shape
 from decoctl.model.spec import ModelSpec
 from decoctl.model.tokenizer import Tokenizer
 
@@ -113,6 +114,7 @@ def load_model(
     if huge_pages:
         # the weights now sit in onnxruntime's buffers: put them on huge pages (see huge_pages.py for the measurement)
         pages.collapse()
+    spec = _with_graph_kv(spec, session)
     capabilities = Capabilities.from_session(
         session, spec, rewritten.inputs if rewritten else None, windowed.windows if windowed else ()
     )
@@ -135,6 +137,21 @@ def load_model(
         fed_lengths=rewritten is not None,
     )
     return model
+
+
+def _with_graph_kv(spec: ModelSpec, session: ort.InferenceSession) -> ModelSpec:
+    """The spec with the KV heads and head size of the graph's past inputs, which is what the cache binds (a
+    multi-query Falcon has one KV head whatever its config's num_kv_heads says)."""
+    heads, size = kv_shape(session, spec)
+    if (heads, size) == (spec.num_kv_heads, spec.head_size):
+        return spec
+    log.debug(
+        "decoctl.kv_shape_from_graph",
+        model=str(spec.path),
+        config=[spec.num_kv_heads, spec.head_size],
+        graph=[heads, size],
+    )
+    return attrs.evolve(spec, num_kv_heads=heads, head_size=size)
 
 
 def _check_vocabulary(spec: ModelSpec, session: ort.InferenceSession, tokenizer: Tokenizer) -> None:

@@ -10,19 +10,36 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 
-from decoctl.errors import SequenceError
+from decoctl.errors import ModelLoadError, SequenceError
 from decoctl.logs import get_logger
-from decoctl.model.kv_cache import KVCache, SharedKVCache, make_kv_cache
+from decoctl.model.kv_cache import (
+    KVCache,
+    SharedKVCache,
+    binding_type,
+    dtype_name,
+    graph_dtype,
+    make_kv_cache,
+    to_float32,
+)
 from decoctl.model.loader import LoadedModel
 
-__all__ = ["PRIVATE_ORT_VERSIONS", "PUBLIC_ORT_ENV", "RunOutputs", "Runner", "binding_calls", "private_ort_supported"]
+__all__ = [
+    "PRIVATE_ORT_VERSIONS",
+    "PUBLIC_ORT_ENV",
+    "RunOutputs",
+    "Runner",
+    "binding_calls",
+    "dry_forward",
+    "private_ort_supported",
+]
 
 log = get_logger(__name__)
 
 
 class RunOutputs:
     """Views of the last run's outputs: ``logits`` float32[n, vocab], ``hidden`` / ``aux`` float32[n, h] or
-    None. They alias the runner's buffers and change with its next run."""
+    None. They alias the runner's buffers and change with its next run. They are float32 whatever the graph's
+    type: a float16 or bfloat16 graph's outputs are widened once per run (every row of that run, one copy)."""
 
     __slots__ = ("aux", "hidden", "logits")
 
@@ -33,22 +50,35 @@ class RunOutputs:
 
 
 class _Growable:
-    """A [capacity, width] buffer that doubles when a run needs more rows (never shrinks, never per step)."""
+    """A [capacity, width] buffer that doubles when a run needs more rows (never shrinks, never per step).
 
-    def __init__(self, width: int, dtype: type, capacity: int = 16) -> None:
+    ``array`` (at ``pointer``) holds the graph's type ``dtype`` (see kv_cache.graph_dtype) and is what gets bound;
+    ``rows`` returns float32 rows: ``array`` itself for a float32 graph, else a float32 twin that ``widen`` fills.
+    """
+
+    def __init__(self, width: int, dtype: np.dtype | type = np.float32, capacity: int = 16) -> None:
         self.width = width
-        self.dtype = dtype
-        self.array: np.ndarray = np.zeros((capacity, width), dtype)
+        self.dtype = np.dtype(dtype)
+        self.bind_type = binding_type(self.dtype)
+        self.narrow = self.dtype != np.float32
+        self._allocate(capacity)
+
+    def _allocate(self, capacity: int) -> None:
+        self.array: np.ndarray = np.zeros((capacity, self.width), self.dtype)
         self.pointer: int = self.array.ctypes.data
+        self.wide: np.ndarray = np.zeros((capacity, self.width), np.float32) if self.narrow else self.array
 
     def rows(self, n: int) -> np.ndarray:
         if n > self.array.shape[0]:
             capacity = self.array.shape[0]
             while capacity < n:
                 capacity *= 2
-            self.array = np.zeros((capacity, self.width), self.dtype)
-            self.pointer = self.array.ctypes.data
-        return self.array[:n]
+            self._allocate(capacity)
+        return self.wide[:n]
+
+    def widen(self, n: int) -> None:
+        """After a run of a float16 or bfloat16 graph: its first n rows, as float32, into what ``rows`` gave."""
+        to_float32(self.array[:n], self.wide[:n])
 
 
 #: onnxruntime versions (major, minor), inclusive, whose private binding objects _PrivateCalls was checked against:
@@ -157,11 +187,23 @@ class Runner:
         self._ids_pointer = self._ids.ctypes.data
         self._mask_pointer = self._mask.ctypes.data
         self._positions_pointer = self._positions.ctypes.data
-        self._logits = _Growable(spec.vocab_size, np.float32)
-        self._hidden = _Growable(caps.hidden_size, np.float32) if caps.hidden_states and caps.hidden_size else None
-        self._aux = (
-            _Growable(caps.aux_hidden_size, np.float32) if caps.aux_hidden_states and caps.aux_hidden_size else None
+        # outputs bound in the graph's own type; a float16 or bfloat16 graph's are widened to float32 after each run
+        types = {o.name: o.type for o in model.session.get_outputs()}
+        self._logits = _Growable(spec.vocab_size, _output_dtype(model, types, spec.logits_name))
+        self._hidden = (
+            _Growable(caps.hidden_size, _output_dtype(model, types, caps.hidden_states))
+            if caps.hidden_states and caps.hidden_size
+            else None
         )
+        self._aux = (
+            _Growable(caps.aux_hidden_size, _output_dtype(model, types, caps.aux_hidden_states))
+            if caps.aux_hidden_states and caps.aux_hidden_size
+            else None
+        )
+        self._narrow = [b for b in (self._logits, self._hidden, self._aux) if b is not None and b.narrow]
+        # a merged decoder's branch switch: its no-past graph on the first run, its with-past graph after
+        self._branch = np.zeros(1, np.bool_)
+        self._branch_pointer = self._branch.ctypes.data
         self._features = _Growable(caps.feature_size, np.float32) if caps.feature_input and caps.feature_size else None
         self._bias = np.zeros(0, np.float32)
         self._bias_pointer = 0
@@ -231,13 +273,24 @@ class Runner:
             self._features.rows(n)[:] = features
             width = self._features.width
             self._bind(caps.feature_input, np.float32, (1, n, width), self._features.pointer)
+        if caps.use_cache_branch is not None:
+            self._branch[0] = past > 0
+            self._bind(caps.use_cache_branch, np.bool_, (1,), self._branch_pointer)
         self.kv.bind(self._binding, n)
         logit_rows = n if caps.logits_all_positions else 1
         logits = self._logits.rows(logit_rows)
-        self._bind(spec.logits_name, np.float32, (1, logit_rows, spec.vocab_size), self._logits.pointer, output=True)
+        self._bind(
+            spec.logits_name,
+            self._logits.bind_type,
+            (1, logit_rows, spec.vocab_size),
+            self._logits.pointer,
+            output=True,
+        )
         hidden = self._bind_rows(caps.hidden_states, self._hidden, n)
         aux = self._bind_rows(caps.aux_hidden_states, self._aux, n)
         self._fast.run()
+        if self._narrow:
+            self._widen(logit_rows, n)
         self.kv.advance(n)
         outputs = RunOutputs(logits, hidden, aux)
         # after a one-token run every binding is what the next one-token run needs (bar the mask's length)
@@ -253,8 +306,15 @@ class Runner:
         self._ids[0, 0] = token
         self._feed_length(self.kv.length + 1)
         self._fast.run()
+        if self._narrow:
+            self._widen(1, 1)
         self.kv.advance(1)
         return one
+
+    def _widen(self, logit_rows: int, n: int) -> None:
+        """After a run: the float16 or bfloat16 outputs' rows as float32, where RunOutputs has them."""
+        for buffer in self._narrow:
+            buffer.widen(logit_rows if buffer is self._logits else n)
 
     def _feed_length(self, total: int) -> None:
         """Tell the graph the sequence is ``total`` tokens long after this run: the attention mask's width, or
@@ -278,7 +338,7 @@ class Runner:
         if name is None or buffer is None:
             return None
         rows = buffer.rows(n)
-        self._bind(name, np.float32, (1, n, buffer.width), buffer.pointer, output=True)
+        self._bind(name, buffer.bind_type, (1, n, buffer.width), buffer.pointer, output=True)
         return rows
 
     def _fill_bias(self, n: int, total: int, bias: np.ndarray | None) -> None:
@@ -343,3 +403,51 @@ class Runner:
 
     def gather(self, positions: np.ndarray, start: int) -> None:
         self.kv.gather(positions, start)
+
+
+def _output_dtype(model: LoadedModel, types: dict[str, str], name: str) -> np.dtype:
+    """The host dtype of the graph's output ``name``, or ModelLoadError where decoctl cannot bind its type."""
+    dtype = graph_dtype(types.get(name, ""))
+    if dtype is None:
+        raise ModelLoadError(
+            f"{model.spec.onnx_file} gives {name} as {types.get(name)}, which decoctl does not bind: export it as "
+            "float32, float16 or bfloat16"
+        )
+    return dtype
+
+
+#: the tokens of dry_forward's first run
+DRY_TOKENS = 2
+
+
+def dry_forward(model: LoadedModel) -> str:
+    """Run ``model`` the way generation will: a two-token forward on an empty cache, then a one-token step on
+    that cache, every input and output bound as the runner binds it (names, shapes, types). Return a line saying
+    what ran; raise ModelLoadError naming the file, the run and onnxruntime's complaint where one fails or gives
+    logits that are not finite."""
+    spec = model.spec
+    runner = Runner(model, max_length=min(spec.max_length, 8))
+    tokens = np.arange(1, DRY_TOKENS + 1, dtype=np.int64) % spec.vocab_size
+    for what, feed in (
+        (f"the first forward ({DRY_TOKENS} tokens, empty cache)", tokens),
+        (f"a one-token step after {DRY_TOKENS} tokens", tokens[:1]),
+    ):
+        try:
+            logits = runner.run(feed).logits
+        except Exception as exc:  # onnxruntime's own error types: each means the graph and the bindings disagree
+            inputs = ", ".join(f"{i.name} {i.type}{i.shape}" for i in model.session.get_inputs())
+            raise ModelLoadError(
+                f"{spec.onnx_file} loads but {what} fails in onnxruntime ({type(exc).__name__}: {exc}); the graph "
+                f"takes {inputs}: the graph does not run as decoctl binds it; re-export it, or report the layout"
+            ) from exc
+        if not np.isfinite(logits).all():
+            raise ModelLoadError(
+                f"{spec.onnx_file}: {what} gives logits that are not finite (NaN or infinity): the export is broken "
+                "(a float16 overflow?); re-export it"
+            )
+    output = runner._logits
+    widened = " (widened to float32 once per forward)" if output.narrow else ""
+    return (
+        f"dry forward ok: {DRY_TOKENS} tokens, then one step on their cache; logits {dtype_name(output.dtype)}"
+        f"{widened}, KV {dtype_name(runner.kv.dtype)} [{spec.num_kv_heads} heads x {spec.head_size}]"
+    )

@@ -1,7 +1,8 @@
 """What a model folder says about itself: layout, sizes, special tokens, input/output names.
 
 Two layouts are read: onnxruntime-genai's (genai_config.json) and Optimum's (config.json). Everything here
-comes from the folder's JSON; what the graph itself offers is read later (see capabilities.py).
+comes from the folder's JSON; what the graph itself offers is read later (see capabilities.py), and so are the KV
+heads and head size, which the loader takes from the graph's past inputs (kv_cache.kv_shape).
 """
 
 from __future__ import annotations
@@ -15,8 +16,19 @@ from typing import Any
 import attrs
 
 from decoctl.errors import ModelLoadError
+from decoctl.logs import get_logger
 
-__all__ = ["ModelSpec", "NonAttentionState", "detect_layout", "non_attention_state"]
+__all__ = [
+    "ALIBI_CONTEXT_LENGTH",
+    "OPTIMUM_GRAPHS",
+    "ModelSpec",
+    "NonAttentionState",
+    "detect_layout",
+    "non_attention_state",
+    "optimum_graph_file",
+]
+
+log = get_logger(__name__)
 
 GENAI_CONFIG = "genai_config.json"
 OPTIMUM_CONFIG = "config.json"
@@ -62,13 +74,140 @@ def detect_layout(path: Path) -> str:
     )
 
 
+#: an Optimum export's decoder graphs in the order decoctl takes them: the one graph that takes an empty past
+#: (optimum-onnx's and optimum >= 1.14's layout), the merged decoder (optimum 1.x's two graphs behind an If on
+#: ``use_cache_branch``, the layout most published repositories carry), the with-past decoder alone (its first pass
+#: gets an empty past). Each is looked for next to config.json, then in an ``onnx/`` folder beside it.
+OPTIMUM_GRAPHS = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx")
+#: optimum 1.x's first-pass graph: it takes no past key values, so decoctl cannot step it
+OPTIMUM_NO_PAST_GRAPH = "decoder_model.onnx"
+#: the context length of an ALiBi model whose config gives none: ALiBi (BLOOM, Falcon-RW, MPT) puts no limit on
+#: positions in the graph, so this only bounds decoctl's KV cache; 2048 is the length BLOOM and Falcon-RW were
+#: trained for. A ``max_position_embeddings`` in config.json replaces it.
+ALIBI_CONTEXT_LENGTH = 2048
+
+#: the names an architecture's config.json writes for the common fields, as transformers' ``attribute_map`` of
+#: that architecture's config class has them (GPT2Config: ``num_hidden_layers`` is ``n_layer``); tried before the
+#: common name
+_GPT2_NAMES: dict[str, tuple[str, ...]] = {
+    "num_hidden_layers": ("n_layer",),
+    "num_attention_heads": ("n_head",),
+    "hidden_size": ("n_embd",),
+    "max_position_embeddings": ("n_positions",),
+}
+_ARCHITECTURE_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "gpt2": _GPT2_NAMES,
+    "gpt_bigcode": _GPT2_NAMES,
+    "gptj": _GPT2_NAMES,
+    "codegen": {**_GPT2_NAMES, "max_position_embeddings": ("n_positions", "n_ctx")},
+    # BloomConfig and FalconConfig also take the hidden size as ``n_embed`` (BLOOM's and Falcon-RW's own configs)
+    "bloom": {"num_hidden_layers": ("n_layer",), "num_attention_heads": ("n_head",), "hidden_size": ("n_embed",)},
+    "falcon": {"num_hidden_layers": ("n_layer",), "num_attention_heads": ("n_head",), "hidden_size": ("n_embed",)},
+    "gpt_neo": {"num_hidden_layers": ("num_layers",), "num_attention_heads": ("num_heads",)},
+    "mpt": {
+        "num_hidden_layers": ("n_layers",),
+        "num_attention_heads": ("n_heads",),
+        "hidden_size": ("d_model",),
+        "max_position_embeddings": ("max_seq_len",),
+    },
+}
+#: other names configs give the context length under, tried after the architecture's own
+_CONTEXT_NAMES = ("n_positions", "n_ctx", "seq_length", "max_seq_len", "max_sequence_length")
+#: the config fields that give the number of KV heads where it differs from the attention heads
+_KV_HEAD_NAMES = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+
+
+def optimum_graph_file(folder: Path) -> Path:
+    """The decoder graph of an Optimum export (the first of :data:`OPTIMUM_GRAPHS` there), or raise
+    ModelLoadError saying what the folder holds instead."""
+    places = (folder, folder / "onnx")
+    for name in OPTIMUM_GRAPHS:
+        for place in places:
+            if (place / name).is_file():
+                return place / name
+    if any((place / OPTIMUM_NO_PAST_GRAPH).is_file() for place in places):
+        raise ModelLoadError(
+            f"{folder} holds {OPTIMUM_NO_PAST_GRAPH} but none of {', '.join(OPTIMUM_GRAPHS[1:])}: that graph takes "
+            "no past key values, so decoctl cannot run it step by step; copy decoder_with_past_model.onnx or "
+            "decoder_model_merged.onnx from the same export next to it, or export with optimum-cli export onnx "
+            "--task text-generation-with-past"
+        )
+    raise ModelLoadError(
+        f"{folder} has no decoder graph: none of {', '.join(OPTIMUM_GRAPHS)} is there (nor in onnx/); copy the "
+        "graph next to config.json, or export the model with optimum-cli export onnx --task "
+        "text-generation-with-past"
+    )
+
+
+class _ConfigNames:
+    """A config.json read through its architecture's names: ``get("hidden_size")`` is GPT-2's ``n_embd``."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.model_type = str(config.get("model_type") or "")
+
+    def find(self, common: str, *more: str) -> Any:
+        """The value under the architecture's name for ``common``, else ``common``, else ``more``; or None."""
+        names = (*_ARCHITECTURE_NAMES.get(self.model_type, {}).get(common, ()), common, *more)
+        return next((self.config[n] for n in names if self.config.get(n) is not None), None)
+
+    def get(self, common: str) -> Any:
+        value = self.find(common)
+        if value is None:
+            aliases = _ARCHITECTURE_NAMES.get(self.model_type, {}).get(common, ())
+            raise KeyError(" or ".join((*aliases, common)))
+        return value
+
+    @property
+    def alibi(self) -> bool:
+        """ALiBi attention (no position table, so no position limit in the graph)."""
+        if self.model_type == "bloom":
+            return True
+        if self.model_type == "mpt":
+            attention = self.config.get("attn_config")
+            return bool(attention.get("alibi", True)) if isinstance(attention, dict) else True
+        return bool(self.config.get("alibi"))
+
+
+def _config_kv_heads(names: _ConfigNames, num_heads: int) -> int:
+    """The KV heads the config declares: one for multi-query attention (Falcon without the new decoder
+    architecture and GPTBigCode read ``multi_query`` before ``num_kv_heads``, as transformers does)."""
+    if names.config.get("multi_query") and not names.config.get("new_decoder_architecture"):
+        return 1
+    value = names.find(*_KV_HEAD_NAMES)
+    return num_heads if value is None else int(value)
+
+
+def _optimum_context_length(config_path: Path, names: _ConfigNames) -> int:
+    """The context length config.json gives under its architecture's names; :data:`ALIBI_CONTEXT_LENGTH` (logged)
+    for an ALiBi model that gives none; otherwise ModelLoadError."""
+    value = names.find("max_position_embeddings", *_CONTEXT_NAMES)
+    if value is not None:
+        return int(value)
+    if names.alibi:
+        log.info(
+            "decoctl.context_length_assumed",
+            config=str(config_path),
+            context_length=ALIBI_CONTEXT_LENGTH,
+            reason=f"{names.model_type or 'this'} model uses ALiBi and its config gives no length",
+            hint="set max_position_embeddings in config.json to change it",
+        )
+        return ALIBI_CONTEXT_LENGTH
+    tried = ", ".join(dict.fromkeys(("max_position_embeddings", *_CONTEXT_NAMES)))
+    raise ModelLoadError(
+        f"{config_path} gives no context length (none of {tried}) and the {names.model_type or 'model'} "
+        'architecture needs one: add "max_position_embeddings": N to it, with the length the model was trained for'
+    )
+
+
 @attrs.frozen(kw_only=True)
 class ModelSpec:
     """A model folder's static description.
 
     ``max_length`` is the number of positions the KV cache is allocated for; ``share_buffer`` says past and
     present KV are one preallocated buffer (GroupQueryAttention models), otherwise present is past plus the
-    new positions (concat models).
+    new positions (concat models). ``num_kv_heads`` and ``head_size`` are the config's here; a loaded model's
+    spec has the graph's (see decoctl.model.loader).
     """
 
     path: Path
@@ -159,21 +298,27 @@ class ModelSpec:
 
     @classmethod
     def from_optimum_config(cls, folder: Path) -> ModelSpec:
-        """Read an Optimum folder: config.json + model.onnx (past_key_values.N.* -> present.N.*)."""
+        """Read an Optimum folder: config.json + a decoder graph (past_key_values.N.* -> present.N.*): model.onnx,
+        else the merged decoder (decoder_model_merged.onnx), else decoder_with_past_model.onnx (see
+        :func:`optimum_graph_file`). The config's names are read per architecture (GPT-2's ``n_layer``, ``n_head``,
+        ``n_embd``, ``n_positions``, as transformers' ``attribute_map`` has them)."""
         config_path = folder / OPTIMUM_CONFIG
         config = _read_json(config_path)
+        onnx_file = optimum_graph_file(folder)
         try:
-            num_heads = int(config["num_attention_heads"])
-            hidden = int(config["hidden_size"])
-            context_length = int(config.get("max_position_embeddings", 2048))
+            names = _ConfigNames(config)
+            num_heads = int(names.get("num_attention_heads"))
+            hidden = int(names.get("hidden_size"))
+            context_length = _optimum_context_length(config_path, names)
             spec = cls(
                 path=folder,
                 layout="optimum",
-                onnx_file=folder / "model.onnx",
+                onnx_file=onnx_file,
                 tokenizer_file=folder / TOKENIZER_FILE,
                 vocab_size=int(config["vocab_size"]),
-                num_layers=int(config["num_hidden_layers"]),
-                num_kv_heads=int(config.get("num_key_value_heads", num_heads)),
+                num_layers=int(names.get("num_hidden_layers")),
+                # what the config says; the loader replaces both with the graph's KV inputs' shapes
+                num_kv_heads=_config_kv_heads(names, num_heads),
                 head_size=int(config.get("head_dim") or hidden // num_heads),
                 hidden_size=hidden,
                 context_length=context_length,
