@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from decoctl.generate import GenerationResult, GenerationStats, Generator, generate, stream
     from decoctl.host import Host, Sequence
     from decoctl.plugins import PluginRegistry, hookimpl
-    from decoctl.processing import LogitsProcessor, ProcessContext, ProcessorChain
+    from decoctl.processing import LogitsProcessor, ProcessContext, ProcessorChain, bound_through
     from decoctl.specs import ControllerSpec, ModelBundle, Option, ProcessorSpec
 
 __version__ = "0.1.0"
@@ -56,7 +56,7 @@ _EXPORTS = {
     **dict.fromkeys(("GenerationResult", "GenerationStats", "Generator", "generate", "stream"), "decoctl.generate"),
     **dict.fromkeys(("Host", "Sequence"), "decoctl.host"),
     **dict.fromkeys(("PluginRegistry", "hookimpl"), "decoctl.plugins"),
-    **dict.fromkeys(("LogitsProcessor", "ProcessContext", "ProcessorChain"), "decoctl.processing"),
+    **dict.fromkeys(("LogitsProcessor", "ProcessContext", "ProcessorChain", "bound_through"), "decoctl.processing"),
     **dict.fromkeys(("ControllerSpec", "ModelBundle", "Option", "ProcessorSpec"), "decoctl.specs"),
 }
 
@@ -87,6 +87,7 @@ __all__ = [
     "Sample",
     "Sequence",
     "SequenceError",
+    "bound_through",
     "generate",
     "hookimpl",
     "sample_from_logits",

@@ -16,8 +16,7 @@ from functools import partial
 
 import numpy as np
 
-from decoctl import ProcessContext
-from decoctl.processing import bound_through
+from decoctl import ProcessContext, bound_through
 from decoctl_logits_chain.base import NEG_INF, Processor
 
 __all__ = ["CandidateRun", "Narrowing", "finite_candidates", "select_top", "sort_candidates", "through_ties"]
