@@ -66,8 +66,9 @@ def test_the_copy_records_its_layers_and_keeps_every_other_file(plain: Path, tmp
 def test_the_default_layers_are_eagle3s_low_middle_and_high() -> None:
     assert default_tap_layers(32) == (2, 16, 29)
     assert default_tap_layers(18) == (2, 9, 15)
-    assert default_tap_layers(4) == (1, 2)
-    assert default_tap_layers(2) == (1,)
+    assert default_tap_layers(6) == (2, 3, 5)
+    assert default_tap_layers(4) == (1, 2, 3)
+    assert default_tap_layers(2) == (1, 1, 1)
 
 
 def test_layers_outside_the_model_are_refused_naming_the_range(plain: Path, tmp_path: Path) -> None:

@@ -54,12 +54,17 @@ _PASS_THROUGH = {"Cast", "Slice", "Identity", "Reshape", "Squeeze", "Unsqueeze",
 
 
 def default_tap_layers(num_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's taps for a model of ``num_layers`` decoder layers: the residual stream entering layers 2, N/2 and
-    N-3, each clamped to 1..N-1 (a shallow model has fewer distinct ones), ascending and without repeats."""
+    """EAGLE-3's three taps for a model of ``num_layers`` decoder layers: the residual stream entering layers 2, N/2
+    and N-3, each clamped to 1..N-1, ascending. Where those coincide (a shallow model) the highest free layers stand
+    in, so six layers tap 2, 3 and 5; a model of fewer than four layers repeats its last."""
     if num_layers < 2:
         raise ConfigError(f"a model of {num_layers} decoder layer has no residual stream between layers to tap")
-    picked = (2, num_layers // 2, num_layers - 3)
-    return tuple(sorted({min(max(1, layer), num_layers - 1) for layer in picked}))
+    picked = {min(max(1, layer), num_layers - 1) for layer in (2, num_layers // 2, num_layers - 3)}
+    free = [layer for layer in range(num_layers - 1, 0, -1) if layer not in picked]
+    while len(picked) < 3 and free:
+        picked.add(free.pop(0))
+    chosen = sorted(picked)
+    return tuple(chosen + chosen[-1:] * (3 - len(chosen)))
 
 
 def tap_layers(folder: str | Path) -> tuple[int, ...] | None:

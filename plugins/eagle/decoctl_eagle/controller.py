@@ -1,7 +1,14 @@
 """EAGLE decoding (Li, Wei, Zhang, Zhang: EAGLE, ICML 2024; EAGLE-2, EMNLP 2024) over host primitives only.
 
 Roles: "target" (with a hidden_states output) and "eagle", a draft head whose graph takes the target's features as
-its extra input ``target_hidden_states`` (decoctl.testing.build_eagle_head; tools/export_eagle.py for a trained one).
+its extra input ``target_hidden_states`` (decoctl.testing.build_eagle_head; ``decoctl eagle train`` trains one).
+
+Two kinds of head, told apart by that input's width. An EAGLE-1 head takes the target's final hidden states (width
+H) and predicts the next one, which is fed back while drafting. An EAGLE-3 head (Li et al., EAGLE-3, 2025) takes
+``[taps | own]`` (width T + H): the target's taps (its aux_hidden_states, the residual stream entering a low, a
+middle and a high layer) with zeros, or zeros with the head's own output (its hidden_states) while drafting; the
+head applies its fc to the taps itself (decoctl.testing.eagle). Everything below holds for both, "feature" meaning
+the row the head is fed.
 
 Alignment. Head position i holds the pair (f_i, x_{i+1}): the target's feature at position i (its final hidden
 state, the lm_head's input) and the token after it. From it the head predicts the next feature f_{i+1}' (its
@@ -39,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from decoctl import ConfigError, Host, Option
+from decoctl import CapabilityError, ConfigError, Host, Option
 from decoctl.verify import DraftTree, Verdict, Verifier, draw, log_probabilities, probabilities
 from decoctl_eagle.drafts import Candidates
 
@@ -115,6 +122,31 @@ def scratch_for(options: dict[str, Any]) -> int:
     return max(options["nodes"], (options["depth"] - 1) * options["topk"]) + 1
 
 
+def _taps_width(target: Any, head: Any, hidden: int) -> int:
+    """0 for a head fed the target's final hidden states (EAGLE-1), the taps' width T for one fed ``[taps | own]``
+    (EAGLE-3); a head of another width was trained for another target."""
+    width = head.feature_size
+    if width == hidden:
+        return 0
+    has_taps = "aux_hidden_states" in target.capabilities
+    taps = target.hidden_states(kind="aux").shape[1] if has_taps else 0
+    if has_taps and width == taps + hidden:
+        return taps
+    if not has_taps and width > hidden and width % hidden == 0:
+        raise CapabilityError(
+            f"the eagle head (model {head.model.name}) takes features of width {width}: an EAGLE-3 head, which reads "
+            f"the target's aux_hidden_states, but the target (model {target.model.name}) has none: run it on the copy "
+            "`decoctl models enable-taps` made (the one the head was trained on), or export the target with the "
+            "builder options include_hidden_states=1 aux_hidden_state_layers=..."
+        )
+    also = f" and taps of width {taps}" if has_taps else ""
+    raise ConfigError(
+        f"the eagle head (model {head.model.name}) takes features of width {width}, but the target (model "
+        f"{target.model.name}) has hidden states of width {hidden}{also}: the head was trained for another target; "
+        "train one for this target (decoctl eagle train; tools/train_eagle.py for the demo models)"
+    )
+
+
 def _top_probability(row: np.ndarray, top: int) -> float:
     """softmax(row)[top] for the row's argmax ``top`` (masked entries -inf), in float32: a draft-side heuristic."""
     return float(1.0 / np.exp(row - row[top]).sum())
@@ -143,6 +175,9 @@ class Eagle:
 
     def _reset(self) -> None:
         self._root: tuple[np.ndarray, np.ndarray] | None = None
+        #: the width of the target's taps an EAGLE-3 head reads first in its features (0: an EAGLE-1 head)
+        self._taps = 0
+        self._hidden = 0
         self._synced = 0
         self.committed = self.largest_tree = self.stopped_unsure = 0
         self.draft_seconds = self.verify_seconds = self.prompt_head_seconds = 0.0
@@ -152,14 +187,9 @@ class Eagle:
         self._reset()
         target, head = host.target, host[HEAD]
         prompt = host.prompt_tokens
-        features = np.array(target.hidden_states())
-        if head.feature_size != features.shape[1]:
-            raise ConfigError(
-                f"the eagle head (model {head.model.name}) takes features of width {head.feature_size}, but the "
-                f"target (model {target.model.name}) has hidden states of width {features.shape[1]}: the head was "
-                "trained for another target; train and export one for this target (tools/train_eagle.py, "
-                "tools/export_eagle.py)"
-            )
+        self._hidden = target.hidden_states().shape[1]
+        self._taps = _taps_width(target, head, self._hidden)
+        features = self._features(target)
         if len(features) < len(prompt):
             # a chunked prefill keeps the last chunk's hidden states only: run the prompt again for the rest
             features = self._prompt_features(host)
@@ -182,8 +212,27 @@ class Eagle:
         rows = []
         for begin in range(0, len(prompt), chunk):
             target.forward(prompt[begin : begin + chunk])
-            rows.append(np.array(target.hidden_states()))
+            rows.append(self._features(target))
         return np.concatenate(rows)
+
+    def _features(self, target: Any, rows: Any = slice(None)) -> np.ndarray:
+        """The head's feature rows from the target's last forward (its rows ``rows``): the final hidden states for
+        an EAGLE-1 head, ``[taps | 0]`` for an EAGLE-3 head. A copy: the target's outputs move on."""
+        if not self._taps:
+            return np.array(target.hidden_states()[rows])
+        taps = target.hidden_states(kind="aux")[rows]
+        features = np.zeros((len(taps), self._taps + self._hidden), np.float32)
+        features[:, : self._taps] = taps
+        return features
+
+    def _own(self, predicted: np.ndarray) -> np.ndarray:
+        """The head's feature rows from its own outputs float32[n, H] while drafting: as they are for an EAGLE-1
+        head, ``[0 | own]`` for an EAGLE-3 head."""
+        if not self._taps:
+            return predicted
+        features = np.zeros((len(predicted), self._taps + self._hidden), np.float32)
+        features[:, self._taps :] = predicted
+        return features
 
     def _mode(self) -> str:
         if not self.sampling:
@@ -207,7 +256,7 @@ class Eagle:
         else:
             verdict = self.verifier.chain(host, drafts, q)
         # copied before the target moves on: the true features at the pending token and every accepted draft
-        features = np.array(host.target.hidden_states()[verdict.nodes])
+        features = self._features(host.target, verdict.nodes)
         self.verify_seconds += time.perf_counter() - verifying
         self.committed += self.verifier.commit(host, verdict)
         if not host.done:
@@ -242,7 +291,7 @@ class Eagle:
                     break
             drafts.append(token)
             if index + 1 < k:
-                row = head.forward([token], features=feature[None, :])[-1]
+                row = head.forward([token], features=self._own(feature[None, :]))[-1]
                 feature = head.hidden_states()[-1]
         return drafts, (np.stack(qs) if self.sampling and qs else None)
 
@@ -264,7 +313,7 @@ class Eagle:
             if not frontier:
                 break
             parents = [candidates.parents[c] for c in frontier]
-            features = np.stack([root_feature if p < 0 else predicted[p] for p in parents])
+            features = self._own(np.stack([root_feature if p < 0 else predicted[p] for p in parents]))
             rows = head.forward(
                 [candidates.tokens[c] for c in frontier],
                 [-1 if p < 0 else place[p] for p in parents],
@@ -290,11 +339,11 @@ class Eagle:
             head.forward(list(tokens[begin : begin + step]), features=features[begin : begin + step])
         self._synced = head.length
         predicted = head.hidden_states()[-1]
-        if predicted.shape[0] != features.shape[1]:
+        if predicted.shape[0] != self._hidden:
             raise ConfigError(
-                f"the eagle head (model {head.model.name}) predicts features of width {predicted.shape[0]} but takes "
-                f"width {features.shape[1]}: its hidden_states output must be the target's feature space; re-export "
-                "the head (tools/export_eagle.py)"
+                f"the eagle head (model {head.model.name}) predicts features of width {predicted.shape[0]} but the "
+                f"target's hidden size is {self._hidden}: its hidden_states output must be what it is fed back while "
+                "drafting; re-export the head (decoctl eagle train)"
             )
         self._root = (np.array(head.logits()[-1]), np.array(predicted))
 
