@@ -8,15 +8,17 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import attrs
 
+from decoctl.batch import BatchPrompt, read_prompts
 from decoctl.bench import HUGE_PAGES_HELP, add_bench_parser, run_bench
 from decoctl.errors import DecoctlError, GenerationError
-from decoctl.generate import GenerationStats, Generator
+from decoctl.generate import GenerationResult, GenerationStats, Generator
 from decoctl.importers import IMPORTERS, import_model
 from decoctl.importers.registry import load_registry
 from decoctl.logs import LOGGER
@@ -86,6 +88,17 @@ def _add_generate(commands: Any) -> None:
     gen.add_argument("--no-stream", action="store_true", help="print the text at the end instead of streaming")
     gen.add_argument("--stats", choices=("text", "json", "none"), default="text", help="statistics at the end")
     gen.add_argument("--no-huge-pages", action="store_true", help=HUGE_PAGES_HELP)
+    gen.add_argument(
+        "--prompts",
+        metavar="FILE.jsonl",
+        help='many prompts, one JSON object a line: {"prompt": ..., "max_new_tokens": ..., "seed": ..., "stop": ...} '
+        "(the last three optional); prints one JSON line per prompt as it finishes",
+    )
+    gen.add_argument(
+        "--batch-size",
+        type=int,
+        help="with --prompts: how many prompts run at once, their rows stepped together (default 8)",
+    )
 
 
 def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
@@ -98,14 +111,27 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
     roles.update(_key_values(args.role, "--role"))
     options: dict[str, Any] = dict(run.options) if run else {}
     options.update(_key_values(args.option, "--option"))
+    batch = None
+    if args.prompts is not None:
+        if args.prompt is not None:
+            raise DecoctlError("give a prompt or --prompts FILE.jsonl, not both")
+        if args.batch_size is not None and args.batch_size < 1:
+            raise DecoctlError(f"--batch-size {args.batch_size} must be at least 1 (rows stepped together)")
+        batch = read_prompts(args.prompts)
+    elif args.batch_size is not None:
+        raise DecoctlError(
+            "--batch-size needs --prompts FILE.jsonl: it sets how many of the file's prompts run at once"
+        )
     prompt = args.prompt if args.prompt is not None else (run.prompt if run else None)
     if prompt == "-":
         prompt = _read_stdin()
         require_utf8(prompt, "the prompt on standard input")
     elif prompt is not None:
         require_utf8(prompt, "the prompt")
-    if prompt is None:
-        raise DecoctlError("no prompt: give one as an argument, '-' for standard input, or in the run file")
+    if prompt is None and batch is None:
+        raise DecoctlError(
+            "no prompt: give one as an argument, '-' for standard input, in the run file, or --prompts FILE.jsonl"
+        )
 
     def pick(cli_value: Any, file_attr: str, default: Any) -> Any:
         if cli_value is not None:
@@ -129,25 +155,29 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         "stop": stop,
         "seed": pick(args.seed, "seed", 0),
     }
+    if batch is not None:
+        return _run_batch(generator, batch, args.batch_size, kwargs, args.stats)
     out = sys.stdout
-    # with --no-stream the pieces are collected rather than printed, so that an interrupt still prints them
+    # with --no-stream the pieces are collected rather than printed, so that an interrupt still prints them; so
+    # they are with several rows per prompt (parallel samples, beams), whose first completion is known at the end
+    quiet = args.no_stream or generator.spec.rows(generator.options) > 1
     pieces: list[str] = []
     try:
         for piece in generator.stream(prompt, **kwargs):
             pieces.append(piece)
-            if not args.no_stream:
+            if not quiet:
                 out.write(piece)
                 out.flush()
-        if args.no_stream:
-            out.write("".join(pieces))
         result = generator.last
+        if quiet:
+            out.write(result.text)
     except GenerationError as exc:
-        out.write(exc.text if args.no_stream else "")
+        out.write(exc.text if quiet else "")
         out.write("\n")
         _print_stats(exc.stats, args.stats)
         raise
     except KeyboardInterrupt:
-        shown = 0 if args.no_stream else sum(map(len, pieces))
+        shown = 0 if quiet else sum(map(len, pieces))
         last = getattr(generator, "last", None)
         # the interrupted generation's own record when the Generator keeps one (it also has what the step
         # under way committed); else the pieces read so far
@@ -159,8 +189,56 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         out.flush()
         raise
     out.write("\n")
+    _print_more_completions(result, out)
     _print_stats(result.stats, args.stats)
     return 0
+
+
+def _run_batch(
+    generator: Generator, prompts: list[BatchPrompt], batch_size: int | None, kwargs: dict[str, Any], stats: str
+) -> int:
+    """decoctl generate --prompts: one JSON line per prompt on stdout as each finishes; a summary on stderr."""
+    out = sys.stdout
+    started = time.perf_counter()
+    tokens = 0
+    how = ""
+    for index, result in generator.stream_batch(prompts, batch_size=batch_size or 8, **kwargs):
+        line: dict[str, Any] = {"index": index, "text": result.text, "stats": _batch_stats(result.stats)}
+        if len(result.completions) > 1:
+            line["completions"] = [
+                {"text": c.text, "stop_reason": c.stop_reason, "score": c.score} for c in result.completions
+            ]
+        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+        out.flush()
+        tokens += result.stats.new_tokens
+        how = result.stats.trace.get("batched", "")
+    if stats != "none":
+        seconds = time.perf_counter() - started
+        print(
+            f"-- {len(prompts)} prompts, {tokens} tokens in {seconds:.2f} s ({tokens / max(seconds, 1e-9):.1f} tok/s), "
+            f"controller: {generator.spec.name}, batched: {how}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _batch_stats(stats: GenerationStats) -> dict[str, Any]:
+    """A prompt's stats in its JSON line."""
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "new_tokens": stats.new_tokens,
+        "stop_reason": stats.stop_reason,
+        "seconds": round(stats.prefill_seconds + stats.decode_seconds, 6),
+        "tokens_per_second": round(stats.tokens_per_second, 3),
+        "batched": stats.trace.get("batched"),
+    }
+
+
+def _print_more_completions(result: GenerationResult, out: TextIO) -> None:
+    """The completions after the first (beams, parallel samples), each under a numbered header; the first streamed."""
+    for number, completion in enumerate(result.completions[1:], start=2):
+        score = "" if completion.score is None else f" (score {completion.score:.3f})"
+        out.write(f"--- completion {number}{score} ---\n{completion.text}\n")
 
 
 def _read_stdin() -> str:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
 
-from decoctl.controllers import Controller
+from decoctl.batch import BatchPrompt, BatchSlot, one_at_a_time, run_batch
+from decoctl.controllers import Controller, RowController
 from decoctl.errors import (
     CapabilityError,
     ConfigError,
@@ -34,9 +36,10 @@ from decoctl.output import Output, StopRules
 from decoctl.plugins import PluginRegistry
 from decoctl.processing import ProcessorChain
 from decoctl.resolve import parse_processor_chain, resolve_controller, resolve_model
+from decoctl.rows import Rows
 from decoctl.specs import ControllerSpec, normalise_name, parse_options
 
-__all__ = ["GenerationResult", "GenerationStats", "Generator", "generate", "stream"]
+__all__ = ["Completion", "GenerationResult", "GenerationStats", "Generator", "generate", "stream"]
 
 log = get_logger(__name__)
 
@@ -98,10 +101,34 @@ class GenerationStats:
 
 
 @attrs.frozen(kw_only=True)
+class Completion:
+    """One completion of the prompt: its text, tokens, why it stopped, and its score where the controller gave one
+    (a beam's length-normalised log-probability, a parallel sample's mean log-probability)."""
+
+    text: str
+    tokens: tuple[int, ...]
+    stop_reason: str | None
+    score: float | None = None
+
+
+@attrs.frozen(kw_only=True)
 class GenerationResult:
+    """``text`` and ``tokens`` are the first completion's; ``completions`` holds every completion (one, or the
+    beams / samples a controller returns, best first where it ranks them)."""
+
     text: str
     tokens: tuple[int, ...]
     stats: GenerationStats
+    completions: tuple[Completion, ...] = ()
+
+    @classmethod
+    def of(cls, host: Host, stats: GenerationStats) -> GenerationResult:
+        completions = tuple(
+            Completion(text=o.text, tokens=tuple(o.tokens), stop_reason=o.stop_reason, score=score)
+            for o, score in host.completions()
+        )
+        first = completions[0]
+        return cls(text=first.text, tokens=first.tokens, stats=stats, completions=completions)
 
 
 class _Run:
@@ -116,6 +143,17 @@ class _Run:
         self.decode_started = started
         self.counters_at_decode: dict[str, tuple[int, int, float]] = {}
         self.sizes_at_decode: dict[str, ForwardSizes] = {}
+
+
+@attrs.frozen(eq=False)
+class _Request:
+    """One prompt of a batch, checked and encoded."""
+
+    prompt: str
+    ids: np.ndarray
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    seed: int | None
 
 
 class Generator:
@@ -171,6 +209,9 @@ class Generator:
         self.roles = self.spec.active_roles(self.options)
         self.models = self._load_roles(dict(models or {}), threads, huge_pages)
         self._sequences: dict[str, Sequence] = {}
+        self._rows: dict[str, Rows] = {}
+        #: the target's rows for batched prompts (decoctl.batch), kept for the next batch of the same size
+        self._batch_rows: Rows | None = None
         #: held while a generation runs: a whole generate(), a stream's start and each of its steps
         self._lock = threading.Lock()
         #: the generation whose state the KV caches hold (an unfinished stream's between its items), or None
@@ -228,13 +269,25 @@ class Generator:
                 )
 
     def _sequence(self, role: str, length: int) -> Sequence:
+        """The role's row 0 (its Sequence), with room for ``length`` positions; its other rows released."""
         sequence = self._sequences.get(role)
+        rows = self._rows.get(role)
         model = self.models[role]
-        if sequence is None or sequence.max_length < min(length, model.spec.max_length):
+        if sequence is None or rows is None or sequence.max_length < min(length, model.spec.max_length):
             capacity = max(MIN_KV_LENGTH, 1 << (length - 1).bit_length())
-            sequence = Sequence(role, model, max_length=min(capacity, model.spec.max_length), debug=self.debug)
+            rows = Rows(
+                role,
+                model,
+                capacity=self.spec.rows(self.options),
+                max_length=min(capacity, model.spec.max_length),
+                debug=self.debug,
+            )
+            sequence = rows[0]
+            self._rows[role] = rows
             self._sequences[role] = sequence
         else:
+            for row in rows.ids[1:]:
+                rows.release(row)
             sequence.rewind(0)
             sequence.stats = type(sequence.stats)()
         return sequence
@@ -313,6 +366,166 @@ class Generator:
             self._lock.release()
         return self.last
 
+    # -- batched prompts (decoctl.batch) --------------------------------------------------------------------
+    def generate_batch(
+        self,
+        prompts: Seq[str | Mapping[str, Any] | BatchPrompt],
+        *,
+        batch_size: int = 8,
+        max_new_tokens: int = 128,
+        stop: tuple[str, ...] | list[str] = (),
+        seed: int | None = 0,
+    ) -> list[GenerationResult]:
+        """Generate every prompt, up to ``batch_size`` of them at once on the rows of one KV buffer; the results in
+        prompt order. See stream_batch."""
+        results = dict(
+            self.stream_batch(prompts, batch_size=batch_size, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+        )
+        return [results[index] for index in range(len(results))]
+
+    def stream_batch(
+        self,
+        prompts: Seq[str | Mapping[str, Any] | BatchPrompt],
+        *,
+        batch_size: int = 8,
+        max_new_tokens: int = 128,
+        stop: tuple[str, ...] | list[str] = (),
+        seed: int | None = 0,
+    ) -> Iterator[tuple[int, GenerationResult]]:
+        """Yield (prompt index, GenerationResult) as each prompt finishes (continuous batching; decoctl.batch).
+
+        A prompt is a string, or a mapping / BatchPrompt with its own ``max_new_tokens`` and ``seed`` (else these
+        arguments') and ``stop`` strings (added to these). Each prompt's output is the one it gets alone: greedy
+        token for token, sampling the same tokens for the same seed (every prompt draws from its own seeded rng, so
+        with one ``seed`` for all each prompt samples as ``generate(prompt, seed=seed)`` does). Controllers that
+        cannot step rows for several prompts (ControllerSpec.batched) run the prompts one at a time; either way
+        ``stats.trace["batched"]`` says how the prompt ran. The Generator is busy until the iterator ends or is
+        closed. An error inside raises GenerationError with the text so far of the first prompt that was running.
+        """
+        items = [BatchPrompt.of(p, f"prompt {index}") for index, p in enumerate(prompts)]
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size!r} must be a whole number, at least 1")
+        requests = []
+        tokenizer = self.models["target"].tokenizer
+        shared_stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        for index, item in enumerate(items):
+            limit = max_new_tokens if item.max_new_tokens is None else item.max_new_tokens
+            own_seed = seed if item.seed is None else item.seed
+            try:
+                stops = _checked_request(limit, shared_stop + item.stop, own_seed)
+            except ConfigError as exc:
+                raise ConfigError(f"prompt {index}: {exc}") from None
+            ids = np.asarray(tokenizer.encode(item.prompt), np.int64)
+            if ids.size == 0:
+                raise ConfigError(f"prompt {index} is empty and the model adds no BOS token: give some prompt text")
+            requests.append(_Request(item.prompt, ids, limit, stops, own_seed))
+        if not requests:
+            return
+        self._acquire()
+        try:
+            if self._active is not None:
+                self._unfinished(self._active, "superseded", None)
+            target = self.models["target"]
+            reason = one_at_a_time(self.spec, self.options, self.roles, self.chain, target)
+            if reason is None:
+                yield from self._batched(requests, min(int(batch_size), len(requests)))
+                return
+            for index, request in enumerate(requests):
+                run = self._begin(request.prompt, request.max_new_tokens, request.stop, request.seed, None)
+                for _ in self._steps(run, request.prompt):
+                    pass
+                stats = attrs.evolve(self.last.stats, trace={**self.last.stats.trace, "batched": reason})
+                yield index, attrs.evolve(self.last, stats=stats)
+        finally:
+            self._lock.release()
+
+    def _batched(self, requests: list[_Request], size: int) -> Iterator[tuple[int, GenerationResult]]:
+        """Run ``requests`` on ``size`` rows of the target (the lock held)."""
+        model = self.models["target"]
+        needed = max(len(r.ids) + r.max_new_tokens for r in requests) + self.spec.scratch(self.options)
+        length = min(max(MIN_KV_LENGTH, 1 << (needed - 1).bit_length()), model.spec.max_length)
+        rows = self._batch_rows
+        if rows is None or rows.capacity != size or rows[0].max_length < min(length, model.spec.context_length):
+            rows = self._batch_rows = Rows("target", model, capacity=size, max_length=length, debug=self.debug)
+        for index, request in enumerate(requests):
+            if len(request.ids) >= rows[0].max_length:
+                raise ConfigError(
+                    f"prompt {index} has {len(request.ids)} tokens, which fills the target's {rows[0].max_length} "
+                    "positions: shorten it"
+                )
+        trace = f"{size} row{'s' if size > 1 else ''} in one buffer, refilled as prompts finish"
+        running: dict[int, BatchSlot] = {}
+
+        def admit(index: int, row: int, sequence: Sequence) -> BatchSlot:
+            slot = self._admit(requests[index], index, row, sequence)
+            running[index] = slot
+            return slot
+
+        def finish(slot: BatchSlot) -> tuple[int, GenerationResult]:
+            del running[slot.index]
+            stats = self._stats(slot.run)
+            stats = attrs.evolve(stats, trace={**stats.trace, "batched": trace})
+            self.registry.notify_end(stats=stats, error=None)
+            return slot.index, GenerationResult.of(slot.host, stats)
+
+        try:
+            yield from run_batch(rows, len(requests), admit, finish)
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            self._batch_rows = None  # a step may have stopped half-way: the next batch starts on fresh rows
+            reason = "error" if isinstance(exc, Exception) else "interrupted"
+            unfinished = [(i, self._unfinished(s.run, reason, exc)) for i, s in sorted(running.items())]
+            if not isinstance(exc, Exception) or not unfinished:
+                raise
+            first, result = unfinished[0]
+            detail = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DecoctlError) else str(exc)
+            raise GenerationError(
+                f"controller {self.spec.name!r} failed in a batch, with prompt(s) {[i for i, _ in unfinished]} "
+                f"running (prompt {first} after {len(result.tokens)} token(s)): {detail}",
+                text=result.text,
+                tokens=list(result.tokens),
+                stats=result.stats,
+            ) from exc
+
+    def _admit(self, request: _Request, index: int, row: int, sequence: Sequence) -> BatchSlot:
+        """Start ``request`` on row ``row`` of the batch (its Sequence, empty): prefill it, start a controller."""
+        started = time.perf_counter()
+        model = self.models["target"]
+        rules = StopRules(
+            eos_token_ids=model.spec.eos_token_ids,
+            max_new_tokens=request.max_new_tokens,
+            stop_strings=request.stop,
+            capacity=sequence.max_length - len(request.ids),
+        )
+        observe = self.registry.commit_observed()
+
+        def on_commit(tokens: list[int], text: str) -> None:
+            self.registry.notify_commit(tokens=tokens, text=text)
+
+        output = Output(rules, model.tokenizer.detokenizer(), on_commit if observe else None)
+        host = Host({"target": sequence}, output, prompt=request.ids, chain=self.chain, seed=request.seed)
+        host.prefill_chunk = self.prefill_chunk
+        controller = self._make_controller()
+        if not isinstance(controller, RowController):
+            raise ControllerError(
+                f"controller {self.spec.name!r} says it is batched (ControllerSpec.batched) but has no "
+                "next_token(host) method: add one, or leave batched off"
+            )
+        run = _Run(host, output, controller, started)
+        self.registry.notify_start(
+            prompt=request.prompt, controller=self.spec.name, roles={r: m.name for r, m in self.models.items()}
+        )
+        sequence.stats = type(sequence.stats)()
+        sequence.prefill(request.ids, self.prefill_chunk)
+        run.prefill_seconds = time.perf_counter() - started
+        controller.start(host)
+        run.decode_started = time.perf_counter()
+        counters = sequence.stats
+        run.counters_at_decode = {"target": (counters.forwards, counters.tokens_fed, counters.seconds)}
+        run.sizes_at_decode = {"target": counters.sizes()}
+        return BatchSlot(index=index, row=row, host=host, controller=controller, run=run)
+
     def _acquire(self) -> None:
         if not self._lock.acquire(blocking=False):
             raise GeneratorInUseError(BUSY)
@@ -336,7 +549,11 @@ class Generator:
         host, output, step = run.host, run.output, run.controller.step
         tokens = output.tokens
         try:
-            while output.stop_reason is None:
+            while output.stop_reason is None or (host.outputs > 1 and not host.done):
+                if host.outputs > 1:  # several completions (parallel samples): a step may commit to any of them
+                    self._multi_step(host, step)
+                    yield
+                    continue
                 before = len(tokens)
                 step(host)
                 if len(tokens) == before and output.stop_reason is None:
@@ -352,20 +569,19 @@ class Generator:
             raise
         self.last = self._finish(run)
 
+    def _multi_step(self, host: Host, step: Any) -> None:
+        before = host.committed
+        step(host)
+        if host.committed == before and not host.done:
+            raise ControllerError(
+                f"controller {self.spec.name!r} made a step that committed no token to any of its "
+                f"{host.outputs} completions and did not finish them: every step must commit at least one token"
+            )
+
     def _begin(self, prompt: str, max_new_tokens: int, stop: Any, seed: int | None, sink: Any | None) -> _Run:
         """Start a generation (with the lock held): check the arguments, take the models over from an unfinished
         stream, prefill, start the controller."""
-        if max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens={max_new_tokens} must be at least 1")
-        if isinstance(stop, str):
-            stop = (stop,)
-        if any(not s for s in stop):
-            raise ConfigError("an empty stop string would stop at once: remove it")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0):
-            raise ConfigError(
-                f"seed={seed!r} is not a valid seed: give a whole number from 0 up (or None for a different random "
-                "draw every generation)"
-            )
+        stop = _checked_request(max_new_tokens, stop, seed)
         if self._active is not None:
             self._unfinished(self._active, "superseded", None)
         started = time.perf_counter()
@@ -397,7 +613,16 @@ class Generator:
 
         output = Output(rules, target_model.tokenizer.detokenizer(), on_commit if sink or observe else None)
         self.chain.reset(ids)
-        host = Host(sequences, output, prompt=ids, chain=self.chain, seed=seed)
+        detokenizer = target_model.tokenizer.detokenizer
+        host = Host(
+            sequences,
+            output,
+            prompt=ids,
+            chain=self.chain,
+            seed=seed,
+            rows={role: self._rows[role] for role in sequences},
+            new_output=lambda: Output(rules, detokenizer(), None),
+        )
         host.prefill_chunk = self.prefill_chunk
         controller = self._make_controller()
         run = _Run(host, output, controller, started)
@@ -468,7 +693,7 @@ class Generator:
         stats = self._stats(run)
         self.registry.notify_end(stats=stats, error=None)
         log.debug("decoctl.generation_end", new_tokens=stats.new_tokens, stop_reason=stats.stop_reason)
-        return GenerationResult(text=run.output.text, tokens=tuple(run.output.tokens), stats=stats)
+        return GenerationResult.of(run.host, stats)
 
     def _fail(self, run: _Run, prompt: str, exc: BaseException) -> None:
         """End a generation that raised: an error becomes a GenerationError that keeps the text so far; an
@@ -499,9 +724,25 @@ class Generator:
         the end hook sees it with ``error``, and the models are free for the next generation."""
         self._active = None
         stats = attrs.evolve(self._stats(run), stop_reason=reason)
-        self.last = GenerationResult(text=run.output.text, tokens=tuple(run.output.tokens), stats=stats)
+        self.last = GenerationResult.of(run.host, stats)
         self.registry.notify_end(stats=stats, error=error)
         return self.last
+
+
+def _checked_request(max_new_tokens: int, stop: Any, seed: int | None) -> tuple[str, ...]:
+    """The stop strings as a tuple, once a generation's limits are checked (ConfigError otherwise)."""
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens={max_new_tokens} must be at least 1")
+    if isinstance(stop, str):
+        stop = (stop,)
+    if any(not s for s in stop):
+        raise ConfigError("an empty stop string would stop at once: remove it")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0):
+        raise ConfigError(
+            f"seed={seed!r} is not a valid seed: give a whole number from 0 up (or None for a different random "
+            "draw every generation)"
+        )
+    return tuple(stop)
 
 
 def generate(

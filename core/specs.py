@@ -117,7 +117,13 @@ class ControllerSpec:
     Capabilities.names()); ``capabilities_for(options) -> Mapping`` replaces them when the options decide (tree
     drafting needs tree inputs, chain drafting does not). ``check_options(options)`` raises ConfigError for
     combinations of option values the schema cannot express; it runs when a Generator is built, before any
-    model loads. ``plugin`` is stamped by the plugin manager.
+    model loads. ``rows_for(options) -> int``: how many rows (decoctl.rows) each role holds, for controllers that
+    keep several sequences (beam search, parallel sampling). ``batched``: the controller can run batched prompts
+    (decoctl.batch: several prompts' rows stepped in one Run, refilled as prompts finish): it is a
+    decoctl.controllers.RowController, whose ``next_token(host)`` picks each prompt's next token from its row's
+    logits while the batch commits and feeds it. A controller that is not batched (or holds several rows per
+    prompt for these options, or a generation whose chain keeps state per sequence) runs the prompts of a batch
+    one at a time, and each result's trace says why under "batched". ``plugin`` is stamped by the plugin manager.
     """
 
     name: str = attrs.field(converter=normalise_name)
@@ -132,8 +138,16 @@ class ControllerSpec:
     capabilities: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     capabilities_for: Callable[[dict[str, Any]], Mapping[str, tuple[str, ...]]] | None = None
     check_options: Callable[[dict[str, Any]], None] | None = None
+    #: rows each role holds (beams, parallel samples; decoctl.rows), for these options; None: one
+    rows_for: Callable[[dict[str, Any]], int] | None = None
+    #: the controller steps one row per prompt for batched prompts (a RowController; decoctl.batch)
+    batched: bool = False
     options: tuple[Option, ...] = ()
     plugin: str = ""
+
+    def rows(self, options: dict[str, Any]) -> int:
+        """How many rows each role holds for these (parsed) options (1 unless ``rows_for`` says more)."""
+        return 1 if self.rows_for is None else max(1, int(self.rows_for(options)))
 
     def scratch(self, options: dict[str, Any]) -> int:
         """KV positions to allocate beyond prompt plus max_new_tokens for these (parsed) options."""
@@ -172,3 +186,4 @@ class ModelBundle:
     summary: str = ""
     roles: Mapping[str, str] = attrs.field(factory=dict)
     plugin: str = ""
+

@@ -268,7 +268,7 @@ def test_stats_carry_an_execution_trace(genai_model: Path, registry: PluginRegis
     )
     trace = result.stats.trace
     assert trace["controller"] == "sample"
-    assert trace["options"] == {"temperature": 0.5}
+    assert trace["options"] == {"temperature": 0.5, "n": 1, "best_of": None}
     assert trace["roles"] == {"target": genai_model.name}
     assert trace["degraded"] == []
 
