@@ -1,4 +1,4 @@
-"""The Controller protocol and the two baselines every other controller is measured against.
+"""The Controller protocol, the two baselines every other controller is measured against, and beam search.
 
 A controller drives one generation through host primitives only. ``start(host)`` runs once after the prompt
 is in the target's KV cache (``host.target.logits()`` holds the prompt's last row); ``step(host)`` is called
@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from decoctl.beam import beam_spec
 from decoctl.errors import ConfigError
 from decoctl.host import Host
 from decoctl.specs import ControllerSpec, Option
@@ -216,4 +217,5 @@ def builtin_controllers() -> tuple[ControllerSpec, ...]:
             rows_for=_sample_rows,
             batched=True,
         ),
+        beam_spec(),
     )

@@ -184,7 +184,7 @@ def test_custom_controller_from_a_file(genai_model: Path, registry: PluginRegist
 
 
 def test_unknown_controller_lists_the_installed_ones(genai_model: Path, registry: PluginRegistry) -> None:
-    with pytest.raises(PluginError, match=r"unknown controller 'nope' \(installed: greedy, sample\)"):
+    with pytest.raises(PluginError, match=r"unknown controller 'nope' \(installed: beam, greedy, sample\)"):
         Generator({"target": genai_model}, "nope", registry=registry)
 
 
