@@ -153,7 +153,7 @@ class BeamSearch:
     def start(self, host: Host) -> None:
         # the other completions exist from the start, so that a chain that cannot serve several is refused at once
         for _ in range(self.num_return_sequences - 1):
-            host.new_output()
+            host.new_output(final=True)
 
     def step(self, host: Host) -> None:
         rows = host.rows("target")

@@ -619,12 +619,14 @@ class Host:
         return found
 
     # -- completions: several outputs of one prompt (beams, parallel samples) ------------------------------
-    def new_output(self) -> int:
+    def new_output(self, *, final: bool = False) -> int:
         """Start another completion of the prompt (empty, with the same stop rules); return its index. commit(),
-        process() and argmax() take ``output=`` to address it; output 0 is the one that streams."""
+        process() and argmax() take ``output=`` to address it; output 0 is the one that streams. ``final``: the
+        completion is committed whole once the controller processes no more rows (beam search's hypotheses), so a
+        logits chain that keeps per-sequence state is never asked about it."""
         if self._new_output is None:
             raise CapabilityError("this host holds one output: it cannot start another completion")
-        if self._chain and self._chain.stateful:
+        if not final and self._chain and self._chain.stateful:
             names = ", ".join(type(p).__name__ for p in self._chain.stateful)
             raise ConfigError(
                 f"the logits chain holds state per sequence ({names}), which several completions of one prompt "

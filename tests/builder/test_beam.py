@@ -206,14 +206,26 @@ def test_an_unknown_early_stopping_is_refused(registry: PluginRegistry) -> None:
         Generator({"target": "/no/such/model"}, "beam", options={"early_stopping": "sometimes"}, registry=registry)
 
 
-def test_several_sequences_with_a_stateful_chain_are_refused_by_name(
-    genai_model: Path, registry: PluginRegistry
+def test_several_sequences_through_a_chain_that_keeps_state_equal_transformers(
+    llama: Export, registry: PluginRegistry
 ) -> None:
+    """Beam search commits its hypotheses whole once the search ends, so a chain that keeps per-sequence state
+    (no_repeat_ngram, repetition_penalty) serves every returned sequence."""
     plugin = pytest.importorskip("decoctl_logits_chain.plugin")
     registry.register(plugin, "logits-chain")
-    generator = beam(genai_model, registry, "no_repeat_ngram=3", num_beams=3, num_return_sequences=2)
-    with pytest.raises(GenerationError, match="holds state per sequence"):
-        generator.generate("def f(x):", max_new_tokens=4)
+    generator = beam(llama, registry, "repetition_penalty=1.3,no_repeat_ngram=3", num_beams=3, num_return_sequences=2)
+    for prompt in PROMPTS:
+        result = generator.generate(prompt, max_new_tokens=16)
+        expected = transformers_beams(
+            llama,
+            prompt,
+            num_beams=3,
+            num_return_sequences=2,
+            max_new_tokens=16,
+            repetition_penalty=1.3,
+            no_repeat_ngram_size=3,
+        )
+        assert [list(c.tokens) for c in result.completions] == [tokens for tokens, _ in expected], prompt
 
 
 def test_beams_on_a_concatenated_cache_model_are_refused(optimum_model: Path, registry: PluginRegistry) -> None:
