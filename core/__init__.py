@@ -29,9 +29,11 @@ if TYPE_CHECKING:
     )
     from decoctl.generate import GenerationResult, GenerationStats, Generator, generate, stream
     from decoctl.host import Host, Sequence
+    from decoctl.importers.registry import RegisteredModel, models_dir, register_role_default
     from decoctl.plugins import PluginRegistry, hookimpl
     from decoctl.processing import LogitsProcessor, ProcessContext, ProcessorChain, bound_through
-    from decoctl.specs import ControllerSpec, ModelBundle, Option, ProcessorSpec
+    from decoctl.resolve import resolve_model
+    from decoctl.specs import CommandSpec, ControllerSpec, ModelBundle, Option, ProcessorSpec
 
 __version__ = "0.1.0"
 
@@ -55,14 +57,17 @@ _EXPORTS = {
     ),
     **dict.fromkeys(("GenerationResult", "GenerationStats", "Generator", "generate", "stream"), "decoctl.generate"),
     **dict.fromkeys(("Host", "Sequence"), "decoctl.host"),
+    **dict.fromkeys(("RegisteredModel", "models_dir", "register_role_default"), "decoctl.importers.registry"),
     **dict.fromkeys(("PluginRegistry", "hookimpl"), "decoctl.plugins"),
     **dict.fromkeys(("LogitsProcessor", "ProcessContext", "ProcessorChain", "bound_through"), "decoctl.processing"),
-    **dict.fromkeys(("ControllerSpec", "ModelBundle", "Option", "ProcessorSpec"), "decoctl.specs"),
+    "resolve_model": "decoctl.resolve",
+    **dict.fromkeys(("CommandSpec", "ControllerSpec", "ModelBundle", "Option", "ProcessorSpec"), "decoctl.specs"),
 }
 
 __all__ = [
     "AbiError",
     "CapabilityError",
+    "CommandSpec",
     "ConfigError",
     "Controller",
     "ControllerError",
@@ -84,12 +89,16 @@ __all__ = [
     "ProcessContext",
     "ProcessorChain",
     "ProcessorSpec",
+    "RegisteredModel",
     "Sample",
     "Sequence",
     "SequenceError",
     "bound_through",
     "generate",
     "hookimpl",
+    "models_dir",
+    "register_role_default",
+    "resolve_model",
     "sample_from_logits",
     "stream",
 ]

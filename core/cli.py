@@ -1,4 +1,4 @@
-"""The decoctl command line: generate, plugins, models, bench."""
+"""The decoctl command line: generate, plugins, models, bench, and the commands plugins add (decoctl_commands)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,22 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 import attrs
 
 from decoctl.batch import BatchPrompt, read_prompts
 from decoctl.bench import HUGE_PAGES_HELP, add_bench_parser, run_bench
-from decoctl.errors import DecoctlError, GenerationError
+from decoctl.errors import DecoctlError, GenerationError, PluginError
 from decoctl.generate import GenerationResult, GenerationStats, Generator
 from decoctl.importers import IMPORTERS, import_model
 from decoctl.importers.registry import load_registry
 from decoctl.logs import LOGGER
 from decoctl.model.tokenizer import require_utf8
-from decoctl.plugins import PluginRegistry
+from decoctl.plugins import BUILTIN_PLUGIN, PluginRegistry
 from decoctl.runfile import RunFile
+from decoctl.specs import CommandSpec
 
 __all__ = ["main"]
 
@@ -275,6 +276,7 @@ def _run_plugins(args: argparse.Namespace, registry: PluginRegistry) -> int:
         ("controllers", registry.controllers()),
         ("logits processors", registry.processors()),
         ("models", registry.models()),
+        ("commands", registry.commands()),
     )
     for title, records in sections:
         print(f"{title}:")
@@ -376,12 +378,20 @@ def _run_models_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: the commands decoctl itself defines (a plugin's command may not take one of these names)
+BUILTIN_COMMANDS = ("generate", "plugins", "models", "bench")
+
+
+def build_parser(
+    plugin_commands: Mapping[str, CommandSpec] | None = None, registry: PluginRegistry | None = None
+) -> argparse.ArgumentParser:
+    """decoctl's parser; ``plugin_commands`` (from PluginRegistry.commands) become subcommands after the built-in
+    ones, each listed with its distribution (``registry`` names it). PluginError when one takes a built-in name."""
     parser = argparse.ArgumentParser(prog="decoctl", description="decode controllers for ONNX language models")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-v info, -vv debug)")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_generate(commands)
-    commands.add_parser("plugins", help="list controllers, processors and models with their distributions")
+    commands.add_parser("plugins", help="list controllers, processors, models and commands with their distributions")
     models = commands.add_parser("models", help="list registered models, inspect or import one")
     model_commands = models.add_subparsers(dest="models_command")
     info = model_commands.add_parser("info", help="a model's layout and capabilities, checked by a dry forward")
@@ -407,27 +417,76 @@ def build_parser() -> argparse.ArgumentParser:
     imports.add_argument("--int8", action="store_true", help="8-bit weights (faster on CPU) instead of float32")
     imports.add_argument("--force", action="store_true", help="convert again even when it is already imported")
     add_bench_parser(commands)
+    for name, spec in sorted((plugin_commands or {}).items()):
+        if name in BUILTIN_COMMANDS:
+            raise PluginError(
+                f"plugin {spec.plugin!r} provides the command {name!r}, which decoctl itself defines (plugin "
+                f"{BUILTIN_PLUGIN!r}): rename the plugin's command, or disable the plugin with "
+                f"DECOCTL_DISABLE_PLUGINS={spec.plugin}"
+            )
+        dist = (registry.distribution_of(spec.plugin) if registry else "") or spec.plugin
+        sub = commands.add_parser(name, help=f"{spec.summary} [{dist}]", description=spec.summary)
+        spec.add_arguments(sub)
+        sub.set_defaults(_plugin_command=spec)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    with _logging_to_stderr(args.verbose):
-        return _command(args)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    verbose = _leading_verbosity(arguments)
+    with _logging_to_stderr(verbose):
+        # the plugins load before the command line is parsed: their commands are part of it
+        loaded: list[tuple[PluginRegistry, argparse.ArgumentParser]] = []
+
+        def load() -> int:
+            registry = PluginRegistry()
+            loaded.append((registry, build_parser(registry.commands(), registry)))
+            return 0
+
+        status = _guarded(load, verbose)
+        if status:
+            return status
+        registry, parser = loaded[0]
+        args = parser.parse_args(arguments)
+        return _guarded(lambda: _command(args, registry), args.verbose)
+
+
+def _leading_verbosity(arguments: Sequence[str]) -> int:
+    """How many -v the options before the command give (the parser is built after the plugins load)."""
+    count = 0
+    for argument in arguments:
+        if len(argument) > 2 and "--verbose".startswith(argument):  # argparse takes --verb for --verbose
+            count += 1
+        elif argument.startswith("-v") and set(argument[1:]) == {"v"}:
+            count += len(argument) - 1
+        elif not argument.startswith("-"):
+            break
+    return count
 
 
 def _on(exc: OSError) -> str:
     return f": {exc.filename}" if exc.filename else ""
 
 
-def _command(args: argparse.Namespace) -> int:
-    """Run the parsed command; every failure ends as one line on stderr and an exit status: 2 for what decoctl
-    refuses (DecoctlError), 1 for what the system refused (OSError) or a bug, 130 for an interrupt."""
+def _command(args: argparse.Namespace, registry: PluginRegistry) -> int:
+    plugin_command: CommandSpec | None = getattr(args, "_plugin_command", None)
+    if plugin_command is not None:
+        status = plugin_command.run(args)
+        if not isinstance(status, int):
+            raise PluginError(
+                f"plugin {plugin_command.plugin!r}: command {plugin_command.name!r} returned {status!r} instead of an "
+                "exit status (an int)"
+            )
+        return status
+    commands = {"generate": _run_generate, "plugins": _run_plugins, "models": _run_models, "bench": run_bench}
+    return commands[args.command](args, registry)
+
+
+def _guarded(run: Callable[[], int], verbose: int) -> int:
+    """Run a command; every failure ends as one line on stderr and an exit status: 2 for what decoctl refuses
+    (DecoctlError), 1 for what the system refused (OSError) or a bug, 130 for an interrupt."""
     try:
-        registry = PluginRegistry()
-        commands = {"generate": _run_generate, "plugins": _run_plugins, "models": _run_models, "bench": run_bench}
-        status = commands[args.command](args, registry)
+        status = run()
         sys.stdout.flush()  # here, where a closed pipe can still be caught, not at exit
         return status
     except BrokenPipeError:
@@ -445,7 +504,7 @@ def _command(args: argparse.Namespace) -> int:
         print("decoctl: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug (in decoctl or a plugin): one line for the user, the traceback on request
-        if args.verbose >= 2:
+        if verbose >= 2:
             traceback.print_exc()
         print(
             f"decoctl: error: unexpected {type(exc).__name__}: {exc} (a bug in decoctl or a plugin: run again with "

@@ -29,6 +29,7 @@ from decoctl.errors import (
     GeneratorInUseError,
 )
 from decoctl.host import TREE_TRANSFORM_HINT, ForwardSizes, Host, Sequence, role_flag
+from decoctl.importers.registry import role_defaults
 from decoctl.logs import get_logger
 from decoctl.model.capabilities import FEATURES
 from decoctl.model.loader import LoadedModel, load_model
@@ -228,11 +229,15 @@ class Generator:
                 f"role(s) {unused} were given but controller {self.spec.name!r} uses only {list(self.roles)} with "
                 "these options: remove them or pick a controller (or options) that uses them"
             )
-        # a bundled target (the default, or one named) brings its own models for the other roles
+        # a bundled target (the default, or one named) brings its own models for the other roles, and so does a
+        # target the user registered models for (`decoctl eagle import` registers a head for its target)
         target = given["target"]
         named = resolve_model(None, self.registry)[0] if target is None else target
         bundle = self.registry.models().get(normalise_name(named)) if isinstance(named, str) else None
         defaults = dict(bundle.roles) if bundle else {}
+        if any(role not in given for role in self.roles):  # a user's defaults override the bundle's
+            folder = named.spec.path if isinstance(named, LoadedModel) else resolve_model(named, self.registry)[1]
+            defaults |= role_defaults(folder)
         missing = [r for r in self.roles if r not in given and r not in defaults]
         if missing:
             raise ConfigError(

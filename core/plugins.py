@@ -1,6 +1,6 @@
 """Plugin hooks (pluggy project "decoctl"), entry-point discovery and the typed facade over them.
 
-Contributing hooks return iterables of frozen records (ControllerSpec, ProcessorSpec, ModelBundle); the
+Contributing hooks return iterables of frozen records (ControllerSpec, ProcessorSpec, ModelBundle, CommandSpec); the
 facade normalises names, stamps each record with the plugin that gave it and raises one PluginError that lists
 every name two plugins both provide. Observer hooks see a generation start, each commit and its end.
 
@@ -23,7 +23,7 @@ import pluggy
 
 from decoctl.errors import PluginError
 from decoctl.logs import get_logger
-from decoctl.specs import ControllerSpec, ModelBundle, ProcessorSpec, normalise_name
+from decoctl.specs import CommandSpec, ControllerSpec, ModelBundle, ProcessorSpec, normalise_name
 
 __all__ = ["BUILTIN_PLUGIN", "ENTRY_POINT_GROUP", "PROJECT", "PluginRegistry", "hookimpl"]
 
@@ -107,6 +107,40 @@ class _Hookspecs:
         raise AssertionError("hookspec body is never called")
 
     @_hookspec
+    def decoctl_commands(self) -> Iterable[CommandSpec]:
+        """Contribute ``decoctl`` subcommands (``decoctl NAME ...``). Not firstresult; return an iterable (maybe empty).
+
+        Each CommandSpec gets a subparser of its name, which ``add_arguments(parser)`` fills (with subparsers of
+        its own for sub-subcommands); ``run(args)`` runs it and returns the exit status. ``decoctl --help`` lists
+        the command with its summary and distribution; a name two plugins give, or one of decoctl's own commands,
+        is a PluginError naming both. A DecoctlError raised by ``run`` is printed as ``decoctl: error: ...``
+        (exit status 2), any other exception as one line (its traceback with -vv). ``add_arguments`` runs on every
+        command line decoctl parses: keep heavy imports inside ``run``.
+
+        Example plugin (``decoctl hello [--shout] NAME``)::
+
+            import argparse
+
+            from decoctl import CommandSpec, DecoctlError, hookimpl
+
+            def add_arguments(parser: argparse.ArgumentParser) -> None:
+                parser.add_argument("name")
+                parser.add_argument("--shout", action="store_true")
+
+            def run(args: argparse.Namespace) -> int:
+                if not args.name.strip():
+                    raise DecoctlError("hello: give a name that is not blank")
+                greeting = f"hello, {args.name}"
+                print(greeting.upper() if args.shout else greeting)
+                return 0
+
+            @hookimpl
+            def decoctl_commands():
+                return [CommandSpec(name="hello", summary="say hello", add_arguments=add_arguments, run=run)]
+        """
+        raise AssertionError("hookspec body is never called")
+
+    @_hookspec
     def decoctl_generation_start(self, prompt: str, controller: str, roles: Mapping[str, str]) -> None:
         """Observe a generation starting. Not firstresult; implementations may be ``wrapper=True``.
 
@@ -150,7 +184,7 @@ class _Hookspecs:
         """
 
 
-R = TypeVar("R", ControllerSpec, ProcessorSpec, ModelBundle)
+R = TypeVar("R", ControllerSpec, ProcessorSpec, ModelBundle, CommandSpec)
 
 #: the hook names decoctl defines (a plugin's unknown hook name is compared with these for a hint)
 HOOKS = tuple(sorted(name for name in vars(_Hookspecs) if name.startswith("decoctl_")))
@@ -286,6 +320,10 @@ class PluginRegistry:
 
     def models(self) -> dict[str, ModelBundle]:
         return self._collect("decoctl_models", "model", ModelBundle)
+
+    def commands(self) -> dict[str, CommandSpec]:
+        """The subcommands plugins add to ``decoctl``, by name (PluginError when two plugins give one name)."""
+        return self._collect("decoctl_commands", "command", CommandSpec)
 
     def _collect(self, hook: str, kind: str, record_type: type[R]) -> dict[str, R]:
         records = self._records.get(hook)

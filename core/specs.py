@@ -5,13 +5,24 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from decoctl.errors import ConfigError
 
-__all__ = ["ControllerSpec", "ModelBundle", "Option", "ProcessorSpec", "normalise_name", "parse_options"]
+if TYPE_CHECKING:
+    import argparse
+
+__all__ = [
+    "CommandSpec",
+    "ControllerSpec",
+    "ModelBundle",
+    "Option",
+    "ProcessorSpec",
+    "normalise_name",
+    "parse_options",
+]
 
 
 def normalise_name(name: str) -> str:
@@ -187,3 +198,20 @@ class ModelBundle:
     roles: Mapping[str, str] = attrs.field(factory=dict)
     plugin: str = ""
 
+
+@attrs.frozen(kw_only=True)
+class CommandSpec:
+    """A ``decoctl`` subcommand a plugin provides (``decoctl NAME ...``).
+
+    ``add_arguments(parser)`` fills the subcommand's argparse parser (it may add subparsers of its own:
+    ``decoctl eagle train|import|info``); ``run(args) -> int`` runs it with the parsed arguments and returns the exit
+    status. A DecoctlError it raises is printed as ``decoctl: error: ...`` (exit status 2), like the built-in
+    commands' errors. ``add_arguments`` runs whenever the command line is parsed, so it imports nothing heavy:
+    ``run`` does. ``plugin`` is stamped by the plugin manager.
+    """
+
+    name: str = attrs.field(converter=normalise_name)
+    summary: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    plugin: str = ""

@@ -16,7 +16,9 @@ from decoctl.importers.registry import (
     load_registry,
     models_dir,
     register,
+    register_role_default,
     registry_file,
+    role_defaults,
 )
 from decoctl.plugins import PluginRegistry, hookimpl
 from decoctl.resolve import resolve_model
@@ -125,3 +127,19 @@ def test_models_lists_imported_models(user_data: Path, capsys: pytest.CaptureFix
     model = imported(user_data)
     assert main(["models"]) == 0
     assert f"gemma3-270m          (imported)             {model.path}" in capsys.readouterr().out
+
+
+def test_a_role_default_is_kept_per_target_folder_and_survives_later_registrations(
+    user_data: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "target"
+    target.mkdir()
+    head = RegisteredModel(name="my-head", path=tmp_path / "head", summary="a head")
+    register_role_default(head, target=target, role="eagle")
+    assert role_defaults(target / ".") == {"eagle": "my-head"}  # the same folder, however it is written
+    assert role_defaults(tmp_path) == {}
+    imported(user_data)  # registering another model keeps the defaults
+    assert role_defaults(target) == {"eagle": "my-head"}
+    assert set(load_registry()) == {"my-head", "gemma3-270m"}
+    register_role_default(RegisteredModel(name="newer", path=tmp_path / "newer"), target=target, role="eagle")
+    assert role_defaults(target) == {"eagle": "newer"}

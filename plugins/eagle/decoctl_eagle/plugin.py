@@ -1,8 +1,10 @@
-"""The plugin module the `decoctl` entry point names: registers the `eagle` controller."""
+"""The plugin module the `decoctl` entry point names: registers the `eagle` controller and the `decoctl eagle`
+command (train, import, info)."""
 
 from __future__ import annotations
 
-from decoctl import ControllerSpec, hookimpl
+from decoctl import CommandSpec, ControllerSpec, hookimpl
+from decoctl_eagle.commands import COMMAND
 from decoctl_eagle.controller import HEAD, OPTIONS, Eagle, capabilities_for, check_options, scratch_for
 
 
@@ -21,3 +23,8 @@ def decoctl_controllers() -> list[ControllerSpec]:
             options=OPTIONS,
         )
     ]
+
+
+@hookimpl
+def decoctl_commands() -> list[CommandSpec]:
+    return [COMMAND]

@@ -1,0 +1,118 @@
+"""``decoctl eagle train|import|info``: the subcommand the eagle plugin adds to decoctl (hook decoctl_commands).
+
+Only argparse is set up here, since decoctl builds every plugin's parser on each run; the work, and its imports
+(onnx, torch), happen in ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from typing import Any
+
+from decoctl import CommandSpec, ConfigError, PluginRegistry
+
+__all__ = ["COMMAND", "add_arguments", "run"]
+
+#: the module ``decoctl eagle train`` hands its arguments to, through its ``train_main(argv) -> int``
+TRAINER = "decoctl_eagle.train"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="eagle_command", required=True, metavar="{train,import,info}")
+    train = commands.add_parser(
+        "train",
+        help="train a head for a target from its own features (decoctl eagle train --help for its options)",
+        add_help=False,
+    )
+    # the trainer parses its own arguments (and imports torch) only when it runs: argparse hands it them all,
+    # options included, which a REMAINDER positional would not when the first one is an option
+    train.__class__ = _Verbatim
+    imports = commands.add_parser(
+        "import",
+        help="convert a published EAGLE-1/2 or EAGLE-3 head (config.json + model.safetensors or pytorch_model.bin)",
+        description="Convert a published EAGLE head into the ONNX head the eagle controller runs, and register it "
+        "as the target's default head (decoctl generate -c eagle --model TARGET then takes it).",
+    )
+    imports.add_argument("source", metavar="DIR", help="the head's folder (config.json and its weights)")
+    imports.add_argument(
+        "--target", required=True, metavar="MODEL", help="the target: registered name or onnxruntime-genai folder"
+    )
+    imports.add_argument("--out", metavar="DIR2", help="where to write the head (default: decoctl's models folder)")
+    imports.add_argument("--name", help="the name to register it under (default: TARGET-DIRNAME)")
+    imports.add_argument("--no-register", action="store_true", help="write the head only")
+    info = commands.add_parser(
+        "info", help="a head's architecture, target, sizes and draft vocabulary; whether it fits --target"
+    )
+    info.add_argument(
+        "head", metavar="HEAD", help="an ONNX head (folder or registered name) or a published head's folder"
+    )
+    info.add_argument("--target", metavar="MODEL", help="check the head against this target")
+
+
+class _Verbatim(argparse.ArgumentParser):
+    """A subparser that takes every remaining argument as they are, into ``train_arguments``."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        namespace = namespace if namespace is not None else argparse.Namespace()
+        namespace.train_arguments = list(args or ())
+        return namespace, []
+
+
+def run(args: argparse.Namespace) -> int:
+    command = args.eagle_command
+    if command == "train":
+        return _train(list(args.train_arguments))
+    if importlib.util.find_spec("onnx") is None:
+        raise ConfigError(f"decoctl eagle {command} reads and writes ONNX graphs: pip install 'decoctl-eagle[import]'")
+    plugins = PluginRegistry()
+    if command == "import":
+        from decoctl_eagle.heads import import_head
+
+        head = import_head(
+            args.source, args.target, out=args.out, name=args.name, register=not args.no_register, plugins=plugins
+        )
+        dims = head.dims
+        drafts = f", draft vocabulary {dims.draft_vocab}" if dims.draft_vocab != dims.vocab else ""
+        print(f"{head.name}: {head.folder} ({dims.architecture.upper()}, hidden {dims.hidden}{drafts})")
+        if args.no_register:
+            print(f"try: decoctl generate -c eagle --model {args.target} --role eagle={head.folder} 'def f(x):'")
+        else:
+            print(f"registered in {head.registry} as the eagle head of {head.target}")
+            print(f"try: decoctl generate -c eagle --model {args.target} 'def f(x):'")
+        return 0
+    from decoctl_eagle.heads import info_lines
+
+    lines, fits = info_lines(args.head, args.target, plugins)
+    print("\n".join(lines))
+    return 0 if fits else 1
+
+
+def _train(argv: list[str]) -> int:
+    try:
+        trainer: Any = importlib.import_module(TRAINER)
+    except ModuleNotFoundError as exc:
+        if exc.name != TRAINER:
+            raise ConfigError(
+                f"decoctl eagle train needs {exc.name}: pip install 'decoctl-eagle[train]' (torch from the CPU wheel "
+                "is enough)"
+            ) from exc
+        raise ConfigError(
+            "decoctl eagle train is not in this version of decoctl-eagle: convert a published head with decoctl "
+            "eagle import, or train one for the demo models with tools/train_eagle.py"
+        ) from exc
+    status = trainer.train_main(argv)
+    sys.stdout.flush()
+    return int(status or 0)
+
+
+COMMAND = CommandSpec(
+    name="eagle",
+    summary="EAGLE draft heads: train one for a target, import a published one, inspect one",
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -1,0 +1,166 @@
+"""What an EAGLE head needs to know of its target: sizes, feature outputs, and the weights it shares.
+
+The target is an onnxruntime-genai folder (genai_config.json and its graph). Sizes come from the config, the
+feature outputs (``hidden_states``, ``aux_hidden_states``) from the graph's outputs, and the shared weights (the
+token embedding, the lm_head) are found by following the graph: the Gather that reads ``input_ids`` and the
+MatMul that writes ``logits``. Only those tensors are read, so a large target's external data is not loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from decoctl import ConfigError, ModelLoadError
+
+__all__ = ["AUX_LAYERS_METADATA_KEY", "Target", "read_target"]
+
+#: the ONNX metadata key that lists a graph's aux hidden-state layers (decoctl.testing writes it)
+AUX_LAYERS_METADATA_KEY = "decoctl.aux_hidden_state_layers"
+_PASS_THROUGH = ("Cast", "Identity", "Reshape", "Slice", "Squeeze", "Unsqueeze")
+
+
+@attrs.frozen(kw_only=True)
+class Target:
+    """A target model folder as a head sees it. ``hidden_states`` / ``aux_hidden_states``: the widths of those
+    outputs, None when the graph has none; ``aux_layers``: the tapped layers when the graph records them."""
+
+    name: str
+    folder: Path
+    onnx_file: Path
+    hidden_size: int
+    vocab_size: int
+    num_layers: int
+    context_length: int
+    hidden_states: int | None
+    aux_hidden_states: int | None
+    aux_layers: tuple[int, ...] = ()
+    input_ids: str = "input_ids"
+
+    def describe(self) -> str:
+        taps = f"aux_hidden_states width {self.aux_hidden_states}" if self.aux_hidden_states else "no aux_hidden_states"
+        if self.aux_layers:
+            taps += f" (layers {', '.join(map(str, self.aux_layers))})"
+        hidden = f"hidden_states width {self.hidden_states}" if self.hidden_states else "no hidden_states"
+        return (
+            f"{self.name}: hidden {self.hidden_size}, vocabulary {self.vocab_size}, {self.num_layers} layers, "
+            f"{hidden}, {taps}"
+        )
+
+    def embeddings(self) -> np.ndarray:
+        """float32[vocab, hidden]: the table the Gather over ``input_ids`` reads."""
+        graph = _graph(self.onnx_file)
+        for node in graph.node:
+            if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == self.input_ids:
+                table = self._initializer(graph, node.input[0], "the token embedding")
+                return self._checked(table, (self.vocab_size, self.hidden_size), "the token embedding")
+        raise ModelLoadError(
+            f"{self.onnx_file} has no Gather over {self.input_ids} with a float table (a quantized embedding?): the "
+            "head needs the target's token embedding; export the target in float32 or float16, or use a head that "
+            "has its own embed_tokens"
+        )
+
+    def lm_head(self) -> np.ndarray:
+        """float32[vocab, hidden] (torch layout): the weight of the MatMul (or Gemm) that writes ``logits``."""
+        graph = _graph(self.onnx_file)
+        producers = {output: node for node in graph.node for output in node.output}
+        name = "logits"
+        node = producers.get(name)
+        while node is not None and node.op_type in _PASS_THROUGH:
+            node = producers.get(node.input[0])
+        what = "the lm_head"
+        if node is not None and node.op_type == "MatMul":
+            weight = node.input[1]
+            transposed = producers.get(weight)
+            if transposed is not None and transposed.op_type == "Transpose":  # tied: MatMul(x, Transpose(embedding))
+                table = self._initializer(graph, transposed.input[0], what)
+                return self._checked(table, (self.vocab_size, self.hidden_size), what)
+            table = self._initializer(graph, weight, what)
+            return self._checked(table.T, (self.vocab_size, self.hidden_size), what)
+        if node is not None and node.op_type == "Gemm":
+            table = self._initializer(graph, node.input[1], what)
+            trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+            return self._checked(table if trans_b else table.T, (self.vocab_size, self.hidden_size), what)
+        kind = node.op_type if node is not None else "no node"
+        raise ModelLoadError(
+            f"{self.onnx_file}: logits come from {kind}, not a float MatMul, so the target's lm_head cannot be read "
+            "(a quantized lm_head?): export the target with a float32 or float16 lm_head to use an EAGLE-1 head, "
+            "which drafts through it"
+        )
+
+    def _initializer(self, graph: Any, name: str, what: str) -> np.ndarray:
+        from onnx import numpy_helper
+
+        for tensor in graph.initializer:
+            if tensor.name == name:
+                return np.asarray(numpy_helper.to_array(tensor, base_dir=str(self.folder)), dtype=np.float32)
+        raise ModelLoadError(
+            f"{self.onnx_file}: {what} ({name}) is computed, not stored as a float initializer (a quantized model?): "
+            "export the target in float32 or float16"
+        )
+
+    def _checked(self, table: np.ndarray, shape: tuple[int, int], what: str) -> np.ndarray:
+        if table.shape != shape:
+            raise ModelLoadError(
+                f"{self.onnx_file}: {what} has shape {list(table.shape)}, but genai_config.json says vocabulary "
+                f"{shape[0]} and hidden size {shape[1]}"
+            )
+        return np.ascontiguousarray(table)
+
+
+def _graph(onnx_file: Path) -> Any:
+    import onnx
+
+    return onnx.load_model(str(onnx_file), load_external_data=False).graph
+
+
+def read_target(folder: str | Path, *, name: str | None = None) -> Target:
+    """The target in ``folder`` (onnxruntime-genai layout); ConfigError for another layout."""
+    path = Path(folder)
+    config_path = path / "genai_config.json"
+    if not config_path.is_file():
+        raise ConfigError(
+            f"target {path} has no genai_config.json: an EAGLE head runs beside an onnxruntime-genai layout target "
+            "exported with its hidden states (the model builder's include_hidden_states=1)"
+        )
+    try:
+        model = json.loads(config_path.read_text(encoding="utf-8"))["model"]
+        decoder = model["decoder"]
+        onnx_file = path / decoder.get("filename", "model.onnx")
+        hidden, vocab = int(decoder["hidden_size"]), int(model["vocab_size"])
+        layers, context = int(decoder["num_hidden_layers"]), int(model["context_length"])
+        input_ids = str(decoder.get("inputs", {}).get("input_ids", "input_ids"))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"{config_path} cannot be read as an onnxruntime-genai config ({exc!r})") from exc
+    if not onnx_file.is_file():
+        raise ModelLoadError(f"target {path}: its graph {onnx_file.name} is missing")
+    import onnx
+
+    model_proto = onnx.load_model(str(onnx_file), load_external_data=False)
+    widths = {output.name: _last_dim(output) for output in model_proto.graph.output}
+    metadata = {entry.key: entry.value for entry in model_proto.metadata_props}
+    taps = tuple(int(t) for t in metadata.get(AUX_LAYERS_METADATA_KEY, "").split(",") if t.strip())
+    return Target(
+        name=name or path.name,
+        folder=path,
+        onnx_file=onnx_file,
+        hidden_size=hidden,
+        vocab_size=vocab,
+        num_layers=layers,
+        context_length=context,
+        hidden_states=widths.get("hidden_states"),
+        aux_hidden_states=widths.get("aux_hidden_states"),
+        aux_layers=taps,
+        input_ids=input_ids,
+    )
+
+
+def _last_dim(value: Any) -> int | None:
+    dims = value.type.tensor_type.shape.dim
+    if not dims or not dims[-1].HasField("dim_value"):
+        return None
+    return int(dims[-1].dim_value)
