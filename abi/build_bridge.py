@@ -6,7 +6,8 @@ setup.py runs it at install time through ``cffi_modules=["abi/build_bridge.py:ff
 The declarations come from abi/decoctl.h itself (between its DECOCTL_CDEF_BEGIN / DECOCTL_CDEF_END markers),
 so the header stays the single contract. Constants are declared ``...`` and their values taken from the
 compiled header. On top of the header the bridge declares:
-- the host functions as ``extern "Python"`` callbacks (implemented in core/abi.py with ``@ffi.def_extern``);
+- the host functions as ``extern "Python"`` callbacks (implemented with ``@ffi.def_extern`` in core/abi_host.py,
+  and in core/abi_rows.py for the rows and outputs of ABI 1.3);
 - the host's mirror (decoctl_bridge_host, decoctl_bridge_role): C structs core/abi.py keeps up to date, from which
   C functions answer the cheap read-only queries (length, remaining, done, max_length, logits) without entering
   Python, and the function that fills a host table with them and the callbacks;
@@ -25,8 +26,8 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "decoctl.h"
 
-# The host table's functions, implemented in Python (core/abi.py). One line per decoctl_host member, in the same
-# order; the names are decoctl_py_<member>.
+# The host table's functions, implemented in Python (core/abi_host.py, core/abi_rows.py). One line per
+# decoctl_host member; the names are decoctl_py_<member>.
 CALLBACKS = """
 extern "Python" int32_t decoctl_py_role(void *, const char *, decoctl_role **);
 extern "Python" int32_t decoctl_py_forward(void *, decoctl_role *, const int64_t *, int64_t, decoctl_rows *);
@@ -53,6 +54,24 @@ extern "Python" int32_t decoctl_py_forward_features(void *, decoctl_role *, cons
                                                     const float *, int64_t, decoctl_rows *);
 extern "Python" int32_t decoctl_py_argmax(void *, const float *, int64_t, int64_t, const int64_t *, int64_t,
                                           int64_t *);
+extern "Python" int32_t decoctl_py_fork(void *, decoctl_role *, int32_t, int32_t *);
+extern "Python" int32_t decoctl_py_reorder(void *, decoctl_role *, const int32_t *, int64_t);
+extern "Python" int32_t decoctl_py_release(void *, decoctl_role *, int32_t);
+extern "Python" int32_t decoctl_py_step_rows(void *, decoctl_role *, const int32_t *, const int64_t *, int64_t,
+                                             decoctl_rows *);
+extern "Python" int32_t decoctl_py_row_forward(void *, decoctl_role *, int32_t, const int64_t *, int64_t,
+                                               decoctl_rows *);
+extern "Python" int32_t decoctl_py_row_logits(void *, decoctl_role *, int32_t, decoctl_rows *);
+extern "Python" int32_t decoctl_py_row_rewind(void *, decoctl_role *, int32_t, int64_t);
+extern "Python" int64_t decoctl_py_row_length(void *, decoctl_role *, int32_t);
+extern "Python" int32_t decoctl_py_row_tokens(void *, decoctl_role *, int32_t, const int64_t **, int64_t *);
+extern "Python" int32_t decoctl_py_new_output(void *, int32_t *);
+extern "Python" int32_t decoctl_py_commit_to(void *, int32_t, const int64_t *, int64_t, int64_t *);
+extern "Python" int32_t decoctl_py_output_done(void *, int32_t);
+extern "Python" int32_t decoctl_py_score(void *, int32_t, double);
+extern "Python" int32_t decoctl_py_rank_outputs(void *, const int32_t *, int64_t);
+extern "Python" int32_t decoctl_py_process_outputs(void *, const float *, int64_t, int64_t, const int32_t *,
+                                                   decoctl_rows *);
 """
 
 HELPERS_CDEF = """
@@ -238,6 +257,22 @@ void decoctl_bridge_fill_table(decoctl_host *table, decoctl_bridge_host *mirror)
     table->host_error = decoctl_py_host_error;
     table->forward_features = decoctl_py_forward_features;
     table->argmax = decoctl_py_argmax;
+    /* ABI 1.3: rows and outputs (decoctl.abi_rows) */
+    table->fork = decoctl_py_fork;
+    table->reorder = decoctl_py_reorder;
+    table->release = decoctl_py_release;
+    table->step_rows = decoctl_py_step_rows;
+    table->row_forward = decoctl_py_row_forward;
+    table->row_logits = decoctl_py_row_logits;
+    table->row_rewind = decoctl_py_row_rewind;
+    table->row_length = decoctl_py_row_length;
+    table->row_tokens = decoctl_py_row_tokens;
+    table->new_output = decoctl_py_new_output;
+    table->commit_to = decoctl_py_commit_to;
+    table->output_done = decoctl_py_output_done;
+    table->score = decoctl_py_score;
+    table->rank_outputs = decoctl_py_rank_outputs;
+    table->process_outputs = decoctl_py_process_outputs;
 }
 
 #if defined(_WIN32)

@@ -1,5 +1,5 @@
 /*
- * decoctl.h: the decoctl C ABI, version 1.2 (DECOCTL_ABI_MAJOR.DECOCTL_ABI_MINOR below).
+ * decoctl.h: the decoctl C ABI, version 1.3 (DECOCTL_ABI_MAJOR.DECOCTL_ABI_MINOR below).
  *
  * A shared library exports ONE data symbol, `decoctl_plugin_entry` (a decoctl_plugin), listing the controllers
  * it provides. For each generation the host calls a controller's create() with a host table (decoctl_host): the
@@ -19,7 +19,9 @@
  * - Ownership is stated next to every pointer: "host-owned" memory is never freed or written by the plugin;
  *   "plugin-owned" memory is never freed or written by the host. In debug mode (DECOCTL_DEBUG=1) the host fills
  *   the logits and hidden-state rows of a role with NaN once their lifetime ends (the next forward,
- *   forward_tree, forward_features, keep or rewind on that role), so a pointer kept too long reads NaN.
+ *   forward_tree, forward_features, keep or rewind on that role; ABI 1.3: a row's own at the next call that
+ *   changes that row, step_rows' output at the next call that changes any row of the role), so a pointer kept
+ *   too long reads NaN.
  * - Threads. [controller-thread]: the host serializes every call on one controller instance (create, step,
  *   reset, stats_json, last_error, destroy); different instances may run at the same time on different
  *   threads, so a plugin keeps its mutable data in its state, not in globals. Host functions may only be
@@ -42,7 +44,7 @@ extern "C" {
 /* DECOCTL_CDEF_BEGIN: the cffi bridge (abi/build_bridge.py) reads the declarations up to DECOCTL_CDEF_END. */
 
 #define DECOCTL_ABI_MAJOR 1 /* a library whose major differs from the host's is refused at load */
-#define DECOCTL_ABI_MINOR 2 /* minors only add fields at the ends of structs: check struct_size */
+#define DECOCTL_ABI_MINOR 3 /* minors only add fields at the ends of structs: check struct_size */
 
 /* Status codes. */
 #define DECOCTL_OK 0
@@ -203,6 +205,111 @@ typedef struct decoctl_host {
      * rows, n, width, drafted, n_drafted as for process(). out_tokens: caller-owned, room for n ids. */
     int32_t (*argmax)(void *host_data, const float *rows, int64_t n, int64_t width, const int64_t *drafted,
                       int64_t n_drafted, int64_t *out_tokens);
+
+    /* ---- added in ABI 1.3: rows and outputs; check DECOCTL_HAS(host, decoctl_host, process_outputs) --------
+     *
+     * Rows. A role may hold several rows (sequences with their own tokens and KV cache) in one batched KV buffer:
+     * as many as the controller's rows_for (decoctl_controller) asks for, else one. A row is an int32_t id: row 0
+     * is the role's own sequence, the one every function above works on (row_forward with row 0 is forward, and
+     * so on); fork hands out the lowest free id, which names the same row until it is released.
+     * Lifetimes: a row's logits (row_forward's out_rows, row_logits) and tokens (row_tokens) are host-owned,
+     * zero-copy, read-only and valid until the next call that changes that row (forward, forward_tree,
+     * forward_features, keep or rewind on row 0; row_forward or row_rewind on it; a reorder that rewrites it;
+     * its release) or the next step_rows on the role, whichever rows that step feeds (they share one output
+     * buffer). A role's rows may be of different lengths.
+     * Errors: a row id that is not live, or a row that still holds the whole token tree of a forward_tree (keep
+     * or rewind it first): DECOCTL_ERR_SEQUENCE. Rows need an onnxruntime-genai layout model (a shared KV
+     * buffer): with an Optimum-layout model a rows_for above 1 is refused (CapabilityError) when the generation
+     * starts, and a role of one row refuses fork with DECOCTL_ERR_SEQUENCE. */
+
+    /* A new row holding row `row`'s tokens and KV cache (copied, not recomputed); *out_row (non-NULL) gets its
+     * id. Every row live (the role holds rows_for rows): DECOCTL_ERR_SEQUENCE. The source row is unchanged. */
+    int32_t (*fork)(void *host_data, decoctl_role *role, int32_t row, int32_t *out_row);
+
+    /* For beam search: rows 0..n-1 continue rows parents[0..n-1] as they are before the call (row i takes row
+     * parents[i]'s tokens and KV cache; a parent may be named several times, a row need not be its own parent).
+     * parents: caller-owned, read during the call only; rows 0..n-1 and every parent must be live
+     * (DECOCTL_ERR_SEQUENCE). The logits of rows 0..n-1 are dropped (row_logits refuses until their next
+     * forward or step_rows). n >= 0; n = 0 does nothing. */
+    int32_t (*reorder)(void *host_data, decoctl_role *role, const int32_t *parents, int64_t n);
+
+    /* Free row `row` (not row 0: rewind it instead; DECOCTL_ERR_SEQUENCE); its id may be handed out by the next
+     * fork. Its logits and tokens pointers end. */
+    int32_t (*release)(void *host_data, decoctl_role *role, int32_t row);
+
+    /* Feed tokens[i] to row rows[i], for i in 0..n-1, in ONE run of the model (rows of different lengths
+     * together); every row named must be live, named once, below the role's max_length and settled (no tree
+     * pending): else DECOCTL_ERR_SEQUENCE, as for an id outside the vocabulary. rows, tokens: caller-owned, read
+     * during the call only, both non-NULL, n >= 1 (else DECOCTL_ERR_ARGUMENT). out_rows (may be NULL): n rows of
+     * logits, row i predicting the token after tokens[i]; host-owned, zero-copy, valid until the next call that
+     * changes any row of this role (forward, forward_tree, forward_features, keep, rewind, step_rows,
+     * row_forward, row_rewind, reorder, release; not fork). Row rows[i]'s row_logits is then that same row
+     * (with its own lifetime, see Lifetimes above). A model that takes features (has_capability "features"):
+     * DECOCTL_ERR_CAPABILITY (forward each row with forward_features instead). */
+    int32_t (*step_rows)(void *host_data, decoctl_role *role, const int32_t *rows, const int64_t *tokens, int64_t n,
+                         decoctl_rows *out_rows);
+
+    /* forward on row `row` (row 0: forward itself), one row at a time (multi-token forwards are not batched).
+     * tokens: caller-owned, read during the call only. out_rows (may be NULL) as for forward; host-owned, valid
+     * until the next call that changes this row or the next step_rows on the role. Errors as for forward. */
+    int32_t (*row_forward)(void *host_data, decoctl_role *role, int32_t row, const int64_t *tokens, int64_t n,
+                           decoctl_rows *out_rows);
+
+    /* logits of row `row` (row 0: logits): the rows of its last row_forward, or its row of the last step_rows
+     * that fed it. out_rows: non-NULL; host-owned, zero-copy, valid until the next call that changes this row or
+     * the next step_rows on the role. No forward or step since its creation, a rewind or a reorder:
+     * DECOCTL_ERR_SEQUENCE. */
+    int32_t (*row_logits)(void *host_data, decoctl_role *role, int32_t row, decoctl_rows *out_rows);
+
+    /* rewind on row `row` (row 0: rewind): truncate its tokens and KV cache to length (0 <= length <= its
+     * length, else DECOCTL_ERR_SEQUENCE). O(1). Its logits end. */
+    int32_t (*row_rewind)(void *host_data, decoctl_role *role, int32_t row, int64_t length);
+
+    /* The number of tokens in row `row`'s KV cache (>= 0; row 0: length), or a negative status. */
+    int64_t (*row_length)(void *host_data, decoctl_role *role, int32_t row);
+
+    /* tokens of row `row` (row 0: tokens): *out_tokens points at *out_n int64 ids (NULL when *out_n is 0);
+     * out_tokens, out_n non-NULL. Host-owned, zero-copy, read-only, valid until the next call that changes this
+     * row or the next step_rows on the role. */
+    int32_t (*row_tokens)(void *host_data, decoctl_role *role, int32_t row, const int64_t **out_tokens,
+                          int64_t *out_n);
+
+    /* Outputs. A generation may produce several completions of its prompt (beams, parallel samples): output 0
+     * is the one commit() appends to and that streams; new_output adds another. Each output applies EOS,
+     * max_new_tokens and stop strings on its own. With several outputs, done() is 1 once every output is done;
+     * remaining() is output 0's. Outputs are int32_t indices; one that does not exist: DECOCTL_ERR_SEQUENCE. */
+
+    /* Start another (empty) completion; *out_output (non-NULL) gets its index (1, 2, ...). A host that holds
+     * one output: DECOCTL_ERR_CAPABILITY; a logits-processor chain that keeps state per sequence (which the
+     * outputs would share): DECOCTL_ERR_ARGUMENT, host_error naming the processors. */
+    int32_t (*new_output)(void *host_data, int32_t *out_output);
+
+    /* commit to output `output` (0: commit itself): append n >= 0 tokens, applying that output's EOS,
+     * max_new_tokens and stop strings. tokens: caller-owned, read during the call only. *out_taken (out_taken
+     * may be NULL): how many were taken, fewer than n once that output is done. An id outside the vocabulary:
+     * DECOCTL_ERR_SEQUENCE and nothing is committed. */
+    int32_t (*commit_to)(void *host_data, int32_t output, const int64_t *tokens, int64_t n, int64_t *out_taken);
+
+    /* 1 once output `output` is finished (EOS, its max_new_tokens, a stop string), else 0, or a negative status. */
+    int32_t (*output_done)(void *host_data, int32_t output);
+
+    /* Record output `output`'s score (a beam's length-normalised log-probability, a sample's mean
+     * log-probability): the generation's result lists every completion with its score. */
+    int32_t (*score)(void *host_data, int32_t output, double value);
+
+    /* Keep only the outputs order[0..n-1] names, in that order (best first): the result lists them so, and
+     * output i is order[i] from now on (commit_to, output_done, score use the new indices). order:
+     * caller-owned, read during the call only; n >= 1, each output named once (else DECOCTL_ERR_SEQUENCE).
+     * Output 0 has already streamed what was committed to it; rank once the outputs are done. */
+    int32_t (*rank_outputs)(void *host_data, const int32_t *order, int64_t n);
+
+    /* process() with one output per row: row i (of n rows of width values, width the vocabulary) is
+     * conditioned on output outputs[i]'s committed tokens (the processors see each completion's own prefix, as
+     * beams and parallel samples need). rows, outputs: caller-owned (host-owned logits are fine), read during
+     * the call only; n >= 1. out_rows: non-NULL; out_rows->data is `rows` itself when no processor is
+     * configured (no copy), else host-owned memory valid until the next process or process_outputs call. */
+    int32_t (*process_outputs)(void *host_data, const float *rows, int64_t n, int64_t width, const int32_t *outputs,
+                               decoctl_rows *out_rows);
 } decoctl_host;
 
 /* One controller a library provides. Plugin-owned, static: valid for as long as the library is loaded. */
@@ -246,6 +353,17 @@ typedef struct decoctl_controller {
      * valid until the next call on this instance. Called after the last step, before destroy.
      * [controller-thread]. */
     const char *(*stats_json)(void *state);
+
+    /* ---- added in ABI 1.3: a host reads it only when struct_size covers it (an older library's does not) ---- */
+
+    /* May be NULL (= 1). How many rows (decoctl_host.fork) each role the controller drives holds for these
+     * options: the host sizes the roles' batched KV buffers with it before a generation's prefill. config_json:
+     * the options as create() gets them (every declared option, defaults filled in); host-owned, valid during
+     * the call only. Return a count >= 1, or a negative status and make last_error(NULL) say why: the host then
+     * raises AbiError with that message (and for a 0, which breaks the contract). A pure function of
+     * config_json: no state, no host functions (there is no table).
+     * [thread-safe]: called outside any instance, possibly from several threads at once. */
+    int32_t (*rows_for)(const char *config_json);
 } decoctl_controller;
 
 /* The type of the one exported symbol, `decoctl_plugin_entry`. Plugin-owned, static. The first three fields

@@ -54,6 +54,7 @@ def library_controller_spec(path: Path, symbol: str | None = None) -> Controller
         symbol=entry.name,
         roles=entry.roles,
         options=entry.options,
+        rows_for=None if entry.rows_for is None else entry.rows,
         plugin=str(entry.path),
     )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ STATUS_NAMES = {
     -5: "DECOCTL_ERR_ARGUMENT",
 }
 OK = 0  # DECOCTL_OK
+RETIRED_STEPS = 4  # debug mode: step_rows outputs kept alive (NaN-filled) past their lifetime, per instance
 
 
 _calls = threading.local()  # .stack: the instances inside a create/step/reset on this thread, innermost last
@@ -73,6 +75,10 @@ class ControllerInstance:
         # last process() output
         self._views: dict[Sequence, dict[str, tuple[np.ndarray, Any]]] = {}
         self._processed_views: dict[str, tuple[np.ndarray, Any]] = {}
+        # step_rows' output per role handle (ABI 1.3) until the role's next change: (pointer, the debug-mode copy
+        # or None); the copy is filled with NaN when that lifetime ends and kept alive a while (_retired_steps)
+        self._step_outputs: dict[Any, tuple[Any, np.ndarray | None]] = {}
+        self._retired_steps: deque[np.ndarray] = deque(maxlen=RETIRED_STEPS)
         self.pending: BaseException | None = None
         self._error_text: Any = ffi.NULL
 
@@ -82,6 +88,7 @@ class ControllerInstance:
         self.host = host
         self._views.clear()
         self._processed_views.clear()
+        self._step_outputs.clear()
         for name, handle in list(self._role_handles.items()):
             if host is not None and name in host.roles:
                 self._roles[handle] = host.role(name)
@@ -209,7 +216,32 @@ class ControllerInstance:
         buffers and mirror its new length and logits. Called on failure too: a forward that failed midway may
         have changed it."""
         self._views.pop(sequence, None)
+        self.retire_step_output(role)
         self._mirror_role(self._role_mirrors[role], sequence)
+
+    # -- rows (ABI 1.3, decoctl.abi_rows) -------------------------------------------------------------------
+    def role_name(self, role: Any) -> str:
+        self.sequence(role)  # AbiError for a handle this instance never gave out
+        return next(name for name, handle in self._role_handles.items() if handle == role)
+
+    def forget_views(self, sequence: Sequence) -> None:
+        """Drop C's views of a row's buffers (it changed, or was released)."""
+        self._views.pop(sequence, None)
+
+    def hold_step_output(self, role: Any, logits: np.ndarray, *, debug: bool) -> Any:
+        """A ``float *`` to step_rows' float32[k, vocab] output, alive until the role's next change (a copy in
+        debug mode, which retire_step_output then fills with NaN)."""
+        array = np.array(logits, dtype=np.float32) if debug else np.ascontiguousarray(logits, dtype=np.float32)
+        pointer = ffi.from_buffer("float[]", array)  # keeps the array alive
+        self._step_outputs[role] = (pointer, array if debug else None)
+        return pointer
+
+    def retire_step_output(self, role: Any) -> None:
+        """End the lifetime of the role's step_rows output: in debug mode a kept pointer then reads NaN."""
+        _, copy = self._step_outputs.pop(role, (None, None))
+        if copy is not None:
+            copy.fill(np.nan)
+            self._retired_steps.append(copy)
 
     # -- the mirror C reads ---------------------------------------------------------------------------------
     def mirror_all(self) -> None:
@@ -592,6 +624,9 @@ def _install() -> None:
     for callback in _CALLBACKS:
         ffi.def_extern(name=callback.__name__, error=error, onerror=_on_error)(callback)
     ffi.def_extern(name="decoctl_py_host_error", onerror=_on_error_pointer)(decoctl_py_host_error)
+    from decoctl import abi_rows  # the rows and outputs of ABI 1.3: callbacks of their own module, on this one
+
+    abi_rows.install()
 
 
 if lib is not None:

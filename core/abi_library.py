@@ -8,6 +8,7 @@ also imports the compiled bridge (decoctl._abi, out-of-line API mode) that decoc
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Mapping
@@ -45,7 +46,7 @@ __all__ = [
 log = get_logger(__name__)
 
 ABI_MAJOR = 1
-ABI_MINOR = 2
+ABI_MINOR = 3
 ENTRY_SYMBOL = "decoctl_plugin_entry"
 MAX_CONTROLLERS = 1024  # more than this in one entry means the entry is garbage, not a big library
 
@@ -100,10 +101,27 @@ class ControllerEntry:
     last_error: Any
     reset: Any | None
     stats_json: Any | None
+    rows_for: Any | None = None  # ABI 1.3
 
     @property
     def label(self) -> str:
         return f"C controller {self.name!r} ({self.path})"
+
+    def rows(self, options: Mapping[str, Any]) -> int:
+        """How many rows each role holds for these (parsed) options: the controller's rows_for, else 1. AbiError
+        with its last_error when it returns a negative status, or 0."""
+        if self.rows_for is None:
+            return 1
+        count = int(self.rows_for(json.dumps(dict(options)).encode("utf-8")))
+        if count >= 1:
+            return count
+        pointer = self.last_error(ffi.NULL)
+        if pointer == ffi.NULL:
+            message = "no message (its last_error(NULL) returned NULL)"
+        else:
+            message = ffi.string(pointer).decode("utf-8", "replace")
+        what = "0, not a row count (return at least 1)" if count == 0 else f"status {count}"
+        raise AbiError(f"{self.label} rows_for returned {what}: {message}")
 
     @classmethod
     def from_struct(cls, path: Path, index: int, pointer: Any) -> ControllerEntry:
@@ -149,6 +167,7 @@ class ControllerEntry:
             last_error=pointer.last_error,
             reset=optional("reset"),
             stats_json=optional("stats_json"),
+            rows_for=optional("rows_for"),
         )
 
 
