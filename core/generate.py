@@ -202,6 +202,14 @@ class Generator:
         if self.spec.check_options is not None:
             self.spec.check_options(self.options)
         self.chain: ProcessorChain = parse_processor_chain(processors, self.registry)
+        if self.chain.sample_only and not self.spec.sampling_processors:
+            names = ", ".join(type(p).__name__ for p in self.chain.sample_only)
+            raise ConfigError(
+                f"controller {self.spec.name!r} ranks continuations by probability and draws none, but the logits "
+                f"chain holds sample-only processors ({names}), which shape a distribution to draw from "
+                "(transformers leaves them out of beam search, with a warning): remove them from the chain, or use "
+                "a sampling controller"
+            )
         self.processors_text = processors
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk={prefill_chunk} must be at least 1 token (or None for one pass)")

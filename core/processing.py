@@ -104,7 +104,11 @@ class LogitsProcessor(Protocol):
     Python floats holding float32 values.
 
     Optionally, a true ``stateless`` attribute says that ``commit`` and ``reset`` do nothing: the chain does not
-    call them (a commit happens every step, and every call counts there)."""
+    call them (a commit happens every step, and every call counts there).
+
+    Optionally, a true ``sample_only`` attribute says that the processor only shapes a distribution to draw from
+    (transformers' warpers: temperature, top_k, top_p, ...): a controller that ranks continuations instead of
+    drawing them (beam search, ``ControllerSpec.sampling_processors`` false) refuses a chain that holds one."""
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray: ...
 
@@ -174,6 +178,11 @@ class ProcessorChain:
     def stateful(self) -> tuple[LogitsProcessor, ...]:
         """The processors whose ``commit`` / ``reset`` keep state (every one without a true ``stateless``)."""
         return self._stateful
+
+    @property
+    def sample_only(self) -> tuple[LogitsProcessor, ...]:
+        """The processors that only shape a distribution to draw from (a true ``sample_only``)."""
+        return tuple(p for p in self.processors if getattr(p, "sample_only", False))
 
     def __bool__(self) -> bool:
         return bool(self.processors)

@@ -11,6 +11,10 @@ Each row is a Sequence of its own over its slice of the role's batched KV buffer
 every single-sequence primitive works per row unchanged, multi-token forwards included (they run one row at a
 time: GroupQueryAttention refuses them at batch > 1). Only the one-token step is batched. Rows need a
 shared-buffer (onnxruntime-genai layout) model; a concat-cache model holds one row.
+
+The buffer is allocated whole when the rows are made, and only if it fits in the memory the system has available
+now (MemAvailable): a batch or a beam width that does not fit is a ConfigError naming how many rows would, instead
+of an allocation that succeeds lazily and gets the process killed half-way through a generation.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from decoctl.errors import CapabilityError, SequenceError
+from decoctl.errors import CapabilityError, ConfigError, SequenceError
 from decoctl.host import Sequence
+from decoctl.model import kv_rows
 from decoctl.model.batch_step import BatchStep
 from decoctl.model.kv_cache import kv_dtype
 from decoctl.model.kv_rows import SharedKVRows
@@ -50,7 +55,10 @@ class Rows:
         self.role = role
         self.model = model
         self.capacity = capacity
-        self._kv = SharedKVRows(spec, kv_dtype(model.session, spec), length, capacity) if capacity > 1 else None
+        dtype = kv_dtype(model.session, spec)
+        if capacity > 1:
+            _check_memory(role, model, capacity, SharedKVRows.row_bytes(spec, dtype, length), length)
+        self._kv = SharedKVRows(spec, dtype, length, capacity) if capacity > 1 else None
         self._debug = debug
         self._rows: list[Sequence | None] = [self._new_row(0)] + [None] * (capacity - 1)
         self._step: BatchStep | None = None
@@ -65,7 +73,8 @@ class Rows:
         sequence = self._rows[row] if 0 <= row < self.capacity else None
         if sequence is None:
             raise SequenceError(
-                f"role {self.role!r} has no row {row}: its live rows are {list(self.ids)} (fork one to add a row)"
+                f"role {self.role!r} has no row {row}: its live rows are {list(self.ids)} of {self.capacity} "
+                "(fork one to add a row)"
             )
         return sequence
 
@@ -107,7 +116,24 @@ class Rows:
     def reorder(self, parents: Seq[int] | np.ndarray) -> None:
         """Rows 0..k-1 (k = len(parents)) continue rows ``parents`` as they are now: row i takes row parents[i]'s
         tokens and KV cache (beam search). Every row named must be live; outputs of rows 0..k-1 are dropped."""
-        order = np.asarray(parents, dtype=np.int64).reshape(-1)
+        given = np.asarray(parents).reshape(-1)
+        if given.size and given.dtype.kind not in "iu":
+            raise SequenceError(f"reorder({given.tolist()}): parents are row ids, whole numbers (not {given.dtype})")
+        order = given.astype(np.int64)
+        live = self.ids
+        for row, parent in enumerate(order.tolist()):
+            if parent not in live:
+                raise SequenceError(
+                    f"reorder({order.tolist()}) on role {self.role!r}: parent {parent} (of row {row}) is not a live "
+                    f"row; the live rows are {list(live)} of {self.capacity}: name live rows only"
+                )
+        missing = [row for row in range(len(order)) if row not in live]
+        if missing:
+            raise SequenceError(
+                f"reorder({order.tolist()}) on role {self.role!r}: {len(order)} parents reorder rows "
+                f"0..{len(order) - 1}, but row {missing[0]} is not live (live rows: {list(live)} of {self.capacity}): "
+                "fork rows until those are live, or give one parent per live row"
+            )
         sources = [self[int(p)] for p in order]
         rows = [self[i] for i in range(len(order))]
         for sequence in (*sources, *rows):
@@ -154,3 +180,24 @@ class Rows:
             aux = None if outputs.aux is None else outputs.aux[r : r + 1]
             sequence._stepped(int(token), RunOutputs(outputs.logits[r : r + 1], hidden, aux), seconds / len(ids))
         return outputs.logits[ids] if not np.array_equal(ids, np.arange(span)) else outputs.logits
+
+
+def _check_memory(role: str, model: LoadedModel, capacity: int, row_bytes: int, length: int) -> None:
+    """Refuse rows whose KV buffer would not fit in the memory available now (ConfigError naming the rows that do)."""
+    available = kv_rows.available_memory()
+    if available is None or capacity * row_bytes <= available:
+        return
+    fit = available // row_bytes
+    room = f"use at most {fit} rows" if fit > 1 else "even two rows do not fit"
+    raise ConfigError(
+        f"role {role!r} needs {capacity} rows of {length} positions, {_size(capacity * row_bytes)} of KV cache for "
+        f"model {model.name} ({_size(row_bytes)} a row), but only {_size(available)} of memory is available: {room} "
+        "(a smaller batch_size or num_beams), or fewer positions (shorter prompts, a smaller max_new_tokens)"
+    )
+
+
+def _size(count: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if count >= 1 << shift:
+            return f"{count / (1 << shift):.1f} {unit}"
+    return f"{count} bytes"

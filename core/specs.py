@@ -153,6 +153,9 @@ class ControllerSpec:
     rows_for: Callable[[dict[str, Any]], int] | None = None
     #: the controller steps one row per prompt for batched prompts (a RowController; decoctl.batch)
     batched: bool = False
+    #: False: the controller ranks continuations instead of drawing them (beam search), so a logits chain holding a
+    #: sample-only processor (temperature, top_k, top_p, ...: LogitsProcessor's ``sample_only``) is refused
+    sampling_processors: bool = True
     options: tuple[Option, ...] = ()
     plugin: str = ""
 

@@ -21,11 +21,28 @@ import onnxruntime as ort
 from decoctl.model.kv_cache import SharedKVCache
 from decoctl.model.spec import ModelSpec
 
-__all__ = ["SharedKVRows"]
+__all__ = ["SharedKVRows", "available_memory"]
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system can give without swapping (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 class SharedKVRows:
     """The batched KV buffers of ``capacity`` rows of one role, and a SharedKVCache per row over its slice."""
+
+    @staticmethod
+    def row_bytes(spec: ModelSpec, dtype: np.dtype[Any], max_length: int) -> int:
+        """Bytes one row of ``max_length`` positions (and the scratch slot) takes over every layer's key and value."""
+        return 2 * spec.num_layers * spec.num_kv_heads * (max_length + 1) * spec.head_size * np.dtype(dtype).itemsize
 
     def __init__(self, spec: ModelSpec, dtype: np.dtype[Any], max_length: int, capacity: int) -> None:
         self.spec = spec

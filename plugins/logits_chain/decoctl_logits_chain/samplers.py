@@ -21,6 +21,8 @@ class TopNSigma(Processor):
     standard deviation of the row's finite logits. Works on raw logits, so it does not depend on a temperature
     applied after it; n = 0 keeps only the maximum (and its ties)."""
 
+    sample_only = True  # it shapes the distribution a draw is made from: beam search refuses it
+
     def __init__(self, n: float) -> None:
         if not n >= 0:
             raise ConfigError(f"logits processor 'top_n_sigma': n={n} must be >= 0")
@@ -42,6 +44,8 @@ class DynamicTemperature(Processor):
     H_max = log(number of finite logits), T = (t - delta) + 2 * delta * (H / H_max)^exponent and the row is
     divided by T: a confident row is sharpened towards t - delta, an unsure one flattened towards t + delta.
     delta = 0 is plain temperature t. A row with one finite logit is left alone."""
+
+    sample_only = True  # it shapes the distribution a draw is made from: beam search refuses it
 
     def __init__(self, temperature: float, delta: float, exponent: float) -> None:
         if not 0 <= delta < temperature:
@@ -73,6 +77,8 @@ class ExcludeTopChoices(Processor):
     log-probabilities. Sampling from it is sampling llama.cpp's way, and it is a function of the row, so
     speculative verification stays exact; greedy decoding takes that mixture's argmax.
     """
+
+    sample_only = True  # it shapes the distribution a draw is made from: beam search refuses it
 
     def __init__(self, probability: float, threshold: float, min_keep: int) -> None:
         if not 0 <= probability <= 1:
@@ -114,6 +120,8 @@ class TopH(Processor):
     """Top-H (Potraghloo et al. 2025, transformers' ``TopHLogitsWarper``): over the row's ``candidates`` (100) largest
     logits, p = their softmax and H its entropy; tokens are kept in order of probability while the running sum of
     -p log p stays <= top_h * H (the most probable always stays), the rest of the row is dropped."""
+
+    sample_only = True  # it shapes the distribution a draw is made from: beam search refuses it
 
     def __init__(self, top_h: float, candidates: int = 100) -> None:
         if not 0 < top_h <= 1:

@@ -39,6 +39,7 @@ class SampleTerminal(Narrowing):
     chain controller's default; written out, it documents the intent and forbids steps after it)."""
 
     terminal = True
+    sample_only = True  # it shapes the distribution a draw is made from: beam search refuses it
 
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         return rows

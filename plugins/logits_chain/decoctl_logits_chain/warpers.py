@@ -22,6 +22,8 @@ __all__ = ["Epsilon", "Eta", "MinP", "Temperature", "TopK", "TopP", "TypicalP"]
 class Temperature(Narrowing):
     """logits / T. T < 1 sharpens the distribution, T > 1 flattens it; T must be > 0."""
 
+    sample_only = True  # it shapes the distribution a draw is made from: beam search refuses it
+
     def __init__(self, temperature: float) -> None:
         if not temperature > 0:
             raise ConfigError(
@@ -47,6 +49,8 @@ class Temperature(Narrowing):
 
 class TopK(Narrowing):
     """Keep logit_i >= the k-th largest logit (k = max(top_k, min_tokens_to_keep)); ties at the k-th all stay."""
+
+    sample_only = True  # it shapes the distribution a draw is made from: beam search refuses it
 
     def __init__(self, top_k: int, min_tokens_to_keep: int = 1) -> None:
         self.k = max(top_k, min_tokens_to_keep)
@@ -104,6 +108,8 @@ class TopP(Narrowing):
     tokens tied with the last one kept all stay.
     """
 
+    sample_only = True  # it shapes the distribution a draw is made from: beam search refuses it
+
     def __init__(self, top_p: float, min_tokens_to_keep: int = 1) -> None:
         self.top_p = top_p
         self.min_keep = min_tokens_to_keep
@@ -150,6 +156,8 @@ class MinP(Narrowing):
     """Drop tokens with p_i < min_p * max_j p_j (equivalently logit_i < max logit + log min_p), keeping the
     min_tokens_to_keep largest logits."""
 
+    sample_only = True  # it shapes the distribution a draw is made from: beam search refuses it
+
     def __init__(self, min_p: float, min_tokens_to_keep: int = 1) -> None:
         self.min_p = min_p
         self.min_keep = min_tokens_to_keep
@@ -173,6 +181,8 @@ class MinP(Narrowing):
 class TypicalP(Narrowing):
     """Locally typical sampling: with entropy H = -sum p log p, rank tokens by |-log p_i - H| ascending and keep
     the smallest set whose probability reaches ``mass`` (plus min_tokens_to_keep), dropping the rest."""
+
+    sample_only = True  # it shapes the distribution a draw is made from: beam search refuses it
 
     def __init__(self, mass: float, min_tokens_to_keep: int = 1) -> None:
         self.mass = mass
@@ -207,6 +217,8 @@ class Epsilon(Narrowing):
     """Epsilon sampling: drop tokens with p_i < epsilon (logit_i < log Z + log epsilon), keeping the
     min_tokens_to_keep largest logits."""
 
+    sample_only = True  # it shapes the distribution a draw is made from: beam search refuses it
+
     def __init__(self, epsilon: float, min_tokens_to_keep: int = 1) -> None:
         self.epsilon = epsilon
         self.min_keep = min_tokens_to_keep
@@ -230,6 +242,8 @@ class Epsilon(Narrowing):
 class Eta(Narrowing):
     """Eta sampling: with entropy H = -sum p log p, eta = min(epsilon, sqrt(epsilon) * exp(-H)); drop tokens
     with p_i < eta, keeping the min_tokens_to_keep largest logits."""
+
+    sample_only = True  # it shapes the distribution a draw is made from: beam search refuses it
 
     def __init__(self, epsilon: float, min_tokens_to_keep: int = 1) -> None:
         self.epsilon = epsilon
