@@ -211,6 +211,7 @@ def beam_spec() -> ControllerSpec:
         summary="beam search, token for token as transformers' generate(num_beams=...)",
         factory=BeamSearch,
         rows_for=lambda options: int(options["num_beams"]),
+        sampling_processors=False,  # it ranks continuations: temperature, top_k, top_p, ... are refused
         check_options=_check,
         options=(
             Option(name="num_beams", type="int", default=4, minimum=1, help="hypotheses kept at every step"),
