@@ -93,11 +93,17 @@ class Target:
         )
 
     def _initializer(self, graph: Any, name: str, what: str) -> np.ndarray:
-        from onnx import numpy_helper
+        from onnx import TensorProto, numpy_helper
 
+        # a weight stored in float16 and cast to float32 in the graph (decoctl's bundled models) reads as its source
+        cast = next((n for n in graph.node if n.op_type == "Cast" and list(n.output) == [name]), None)
+        if cast is not None:
+            name = cast.input[0]
         for tensor in graph.initializer:
             if tensor.name == name:
-                return np.asarray(numpy_helper.to_array(tensor, base_dir=str(self.folder)), dtype=np.float32)
+                if tensor.data_location == TensorProto.EXTERNAL:
+                    return _external(tensor, self.folder)
+                return np.asarray(numpy_helper.to_array(tensor), dtype=np.float32)
         raise ModelLoadError(
             f"{self.onnx_file}: {what} ({name}) is computed, not stored as a float initializer (a quantized model?): "
             "export the target in float32 or float16"
@@ -110,6 +116,22 @@ class Target:
                 f"{shape[0]} and hidden size {shape[1]}"
             )
         return np.ascontiguousarray(table)
+
+
+def _external(tensor: Any, folder: Path) -> np.ndarray:
+    """An initializer kept in an external data file, read straight from it as float32. onnx's own reader refuses
+    a data file with several hard links, which is how decoctl's transforms (enable-taps, the plain twin) share a
+    model's weights without copying them."""
+    from onnx import helper
+
+    where = {entry.key: entry.value for entry in tensor.external_data}
+    path = folder / where["location"]
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    count = int(np.prod(tensor.dims)) if tensor.dims else 1
+    data = np.fromfile(path, dtype=dtype, count=count, offset=int(where.get("offset", 0)))
+    if data.size != count:
+        raise ModelLoadError(f"{path} ends before tensor {tensor.name} does: the model's data file is truncated")
+    return data.reshape(tuple(tensor.dims)).astype(np.float32)
 
 
 def _graph(onnx_file: Path) -> Any:
