@@ -9,6 +9,9 @@ Each contender also gets ``ideal_ratio``, the speedup over the baseline it would
 model forwards it made (its measured forwards by size priced on the measured curve, plus its draft/head roles'
 measured onnxruntime seconds), and ``fraction_of_ideal = ratio_to_baseline / ideal_ratio``. The formula and where
 each number comes from: decoctl.bench_ideal and docs/BENCHMARKS.md ("How ideal_ratio is computed").
+
+``--batch 1,4,16,64`` runs a comparison of its own instead, of many sequences at once: decoctl's batched greedy and
+beam search against onnxruntime-genai's, and the cost of a fork (decoctl.bench_batch).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from decoctl.bench_batch import run_batch_bench
 from decoctl.bench_contenders import (
     ORT_GENAI_SPECULATIVE,
     Contender,
@@ -64,6 +68,8 @@ DEFAULT_PROMPTS = (
     "class Stack:\n    def __init__(self):\n",
     "def read_config(path):\n    with open(path) as f:\n",
 )
+#: the contenders of a bench without --batch when --contenders is left out
+DEFAULT_CONTENDERS = "greedy,raw-ort"
 _CONTENDER = re.compile(r"^\s*(?:(?P<label>[\w.-]+)=)?(?P<name>[^()\s]+)\s*(?:\((?P<options>[^)]*)\))?\s*$")
 
 
@@ -240,6 +246,11 @@ def build_contenders(
                     {"target": reference}, "greedy", threads=threads, registry=registry, huge_pages=huge_pages
                 ).models["target"]
             target = loaded[own]
+            if target.encoder is not None:
+                raise ConfigError(
+                    f"contender {spec.name} runs decoder-only models, and {target.name} is an encoder-decoder model: "
+                    "bench it with decoctl's controllers (greedy, speculative with a draft or prompt lookup)"
+                )
             if spec.name == "raw-ort":
                 contender = RawOrtContender(target, threads)
             elif spec.name == "ort-genai":
@@ -306,7 +317,9 @@ def calibrator_for(
     the longest prompt (the average context a decode step sees)."""
     model = baseline.generator.models["target"]
     encoded = max((model.tokenizer.encode(p) for p in prompts), key=len)
-    return CostCalibrator(model, encoded, context=len(encoded) + max_new_tokens // 2, pairs=pairs)
+    # an encoder-decoder model's decoder holds its start token and the output; the prompt is its encoder's
+    prompt = 1 if model.encoder else len(encoded)
+    return CostCalibrator(model, encoded, context=prompt + max_new_tokens // 2, pairs=pairs)
 
 
 def calibrate(calibrator: CostCalibrator, outcomes: Iterable[Outcome]) -> None:
@@ -501,8 +514,8 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--role", action="append", default=[], metavar="ROLE=MODEL", help="model for another role")
     bench.add_argument(
         "--contenders",
-        default="greedy,raw-ort",
-        help="NAME, LABEL=NAME(key=value;...), comma-separated; option processors=CHAIN: that contender's logits chain",
+        help="NAME, LABEL=NAME(key=value;...), comma-separated; option processors=CHAIN: that contender's logits "
+        f"chain (default: {DEFAULT_CONTENDERS}; with --batch, some of greedy,ort-genai,beam,ort-genai-beam: all)",
     )
     bench.add_argument("--baseline", default="greedy", help="the contender label ratios are taken against")
     bench.add_argument("--prompts", help='JSONL file, one {"prompt": ...} per line (default: built-in code prompts)')
@@ -526,24 +539,45 @@ def add_bench_parser(commands: Any) -> None:
         help="verify-cost calibration: (1-token, n-token) forward pairs per size, per repeat (default 3)",
     )
     bench.add_argument("--no-huge-pages", action="store_true", help=HUGE_PAGES_HELP)
+    many = bench.add_argument_group(
+        "many sequences (--batch)",
+        "decoctl's batched greedy and beam search against onnxruntime-genai's, and the cost of a fork "
+        "(decoctl.bench_batch); the prompts are cut to one length in tokens",
+    )
+    many.add_argument("--batch", metavar="B,B,...", help="batch sizes to compare, e.g. 1,4,16,64")
+    many.add_argument(
+        "--batch-rounds", type=int, default=1, help="prompts per batch size: B x this many (default 1: one full batch)"
+    )
+    many.add_argument("--beams", type=int, default=4, help="num_beams of the beam search contenders (default 4)")
+    many.add_argument(
+        "--fork-prefix",
+        type=int,
+        default=1024,
+        help="measure a fork of a row holding this many tokens against one decode step (default 1024; 0: skip)",
+    )
 
 
 def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
-    specs = parse_contenders(args.contenders)
-    labels = [s.label for s in specs]
-    if args.baseline not in labels:
-        raise ConfigError(f"baseline {args.baseline!r} is not among the contenders {labels}: add it or pick another")
     if args.repeats < 1 or args.max_new_tokens < 1:
         raise ConfigError("--repeats and --max-new-tokens must be at least 1")
-    if args.calibration_pairs < 1:
-        raise ConfigError("--calibration-pairs must be at least 1")
-    if args.runs < 1:
-        raise ConfigError("--runs must be at least 1")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(
             f"--threads {args.threads}: give 1 or more intra-op threads, or leave it out for the default "
             f"({default_threads()}, one per two cores)"
         )
+    if args.batch is not None:  # many sequences at once: a comparison of its own (decoctl.bench_batch)
+        prompts = load_prompts(args.prompts)
+        _prepare_output("--json", args.json)
+        return run_batch_bench(args, registry, prompts, resident=resident_mb)
+    contenders_text = args.contenders or DEFAULT_CONTENDERS
+    specs = parse_contenders(contenders_text)
+    labels = [s.label for s in specs]
+    if args.baseline not in labels:
+        raise ConfigError(f"baseline {args.baseline!r} is not among the contenders {labels}: add it or pick another")
+    if args.calibration_pairs < 1:
+        raise ConfigError("--calibration-pairs must be at least 1")
+    if args.runs < 1:
+        raise ConfigError("--runs must be at least 1")
     # everything that can be refused is, before the bench runs: its results must not be lost at the end
     malformed = [r for r in args.role if "=" not in r]
     if malformed:
@@ -552,7 +586,7 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
     _prepare_output("--json", args.json)
     _prepare_output("--plot", args.plot)
     if args.runs > 1:
-        return run_in_processes(args, _split_top_level(args.contenders))
+        return run_in_processes(args, _split_top_level(contenders_text))
     if args.plot:
         _pyplot()
     threads = args.threads or default_threads()

@@ -1,5 +1,6 @@
 """The contenders `decoctl bench` runs: decoctl controllers, a raw onnxruntime loop, onnxruntime-genai's greedy
-loop and its two speculative decoders (n-gram lookup and a draft model).
+loop and its two speculative decoders (n-gram lookup and a draft model), and for ``--batch`` onnxruntime-genai's
+batched greedy loop and its beam search (decoctl.bench_batch).
 
 Every contender has the same shape: ``run(prompt, prompt_ids, max_new_tokens) -> Outcome`` with the new tokens,
 the decode seconds (after the prompt is in the cache), the target forwards it used and its ForwardLedger (what
@@ -21,7 +22,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,8 +40,11 @@ from decoctl.specs import Option, parse_options
 
 __all__ = [
     "ORT_GENAI_SPECULATIVE",
+    "BatchRun",
     "Contender",
     "ControllerContender",
+    "OrtGenaiBatchContender",
+    "OrtGenaiBeamContender",
     "OrtGenaiContender",
     "OrtGenaiSpeculativeContender",
     "Outcome",
@@ -396,3 +400,88 @@ _REPORTED_STATS = (
     "total_draft_ms",
     "total_verify_ms",
 )
+
+
+@attrs.frozen(kw_only=True)
+class BatchRun:
+    """One run of a many-sequences contender (decoctl.bench_batch): each prompt's new tokens (ending with the EOS
+    that ended it, as decoctl's do) and the seconds of the whole run, prompts' prefills included."""
+
+    outputs: tuple[tuple[int, ...], ...]
+    seconds: float
+
+
+class OrtGenaiBatchContender(OrtGenaiContender):
+    """onnxruntime-genai's greedy loop over a batch: ``batch`` prompts at a time in one generator
+    (``set_search_options(batch_size=...)``, the prompts appended as one [batch, length] array), the next batch
+    when every row of this one is done (onnxruntime-genai 0.18 has no continuous batching in its Python API).
+
+    The prompts must have the same length in tokens: onnxruntime-genai takes a batch as one array, and a prompt
+    left-padded with its pad token to fit one does not continue as it does alone (on the demo model, two pad tokens
+    in front of "def fibonacci(n):" change its fifth new token), so ragged prompts would not compare."""
+
+    name = "ort-genai"
+
+    def run_batch(self, prompts: Sequence[Sequence[int]], batch: int, max_new_tokens: int) -> BatchRun:
+        og = self.og
+        length = len(prompts[0])
+        if any(len(p) != length for p in prompts):
+            raise ConfigError(
+                f"contender {self.name} takes a batch of prompts of one length in tokens, not "
+                f"{sorted({len(p) for p in prompts})}: cut them to the shortest (decoctl.bench_batch does)"
+            )
+        outputs: list[tuple[int, ...]] = []
+        started = time.perf_counter()
+        for first in range(0, len(prompts), batch):
+            chunk = prompts[first : first + batch]
+            params = og.GeneratorParams(self.model)
+            params.set_search_options(do_sample=False, max_length=length + max_new_tokens, batch_size=len(chunk))
+            generator = og.Generator(self.model, params)
+            generator.append_tokens(np.asarray(chunk, np.int32))
+            while not generator.is_done():
+                generator.generate_next_token()
+            outputs += [self._row(generator.get_sequence(row)[length:], max_new_tokens) for row in range(len(chunk))]
+        return BatchRun(outputs=tuple(outputs), seconds=time.perf_counter() - started)
+
+    def _row(self, sequence: np.ndarray, max_new_tokens: int) -> tuple[int, ...]:
+        """A row's new tokens up to and with its first EOS (the row is padded after it while others run on)."""
+        tokens = [int(t) for t in sequence]
+        ended = next((i for i, token in enumerate(tokens) if token in self.eos), None)
+        if ended is not None:
+            return tuple(tokens[: ended + 1])
+        return tuple(self._with_final_eos(tokens, max_new_tokens)[:max_new_tokens])
+
+
+class OrtGenaiBeamContender(OrtGenaiContender):
+    """onnxruntime-genai's beam search on one prompt at a time, greedy (no sampling), returning its best
+    hypothesis. ``length_penalty`` 0 and ``early_stopping`` true by default: onnxruntime-genai 0.18 normalises a
+    hypothesis by the whole sequence's length (the prompt counted), so its ranking agrees with transformers' and
+    decoctl's only where lengths do not count (tests/builder/test_beam.py)."""
+
+    name = "ort-genai-beam"
+
+    def __init__(
+        self, model: LoadedModel, threads: int, *, num_beams: int, length_penalty: float = 0.0, early: bool = True
+    ) -> None:
+        super().__init__(model, threads)
+        self.num_beams, self.length_penalty, self.early = num_beams, length_penalty, early
+
+    def run_beam(self, prompt: Sequence[int], max_new_tokens: int) -> BatchRun:
+        og = self.og
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(
+            do_sample=False,
+            num_beams=self.num_beams,
+            length_penalty=self.length_penalty,
+            early_stopping=self.early,
+            num_return_sequences=1,
+            max_length=len(prompt) + max_new_tokens,
+        )
+        started = time.perf_counter()
+        generator = og.Generator(self.model, params)
+        generator.append_tokens(np.asarray(prompt, np.int32))
+        while not generator.is_done():
+            generator.generate_next_token()
+        seconds = time.perf_counter() - started
+        tokens = self._with_final_eos([int(t) for t in generator.get_sequence(0)][len(prompt) :], max_new_tokens)
+        return BatchRun(outputs=(tuple(tokens[:max_new_tokens]),), seconds=seconds)
