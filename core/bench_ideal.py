@@ -154,6 +154,9 @@ class CostCalibrator:
         limit = min(model.spec.max_length, model.spec.context_length)
         self.context = max(1, min(context, limit // 2))
         self._tokens = [int(tokens[i % len(tokens)]) for i in range(limit)]
+        # an encoder-decoder model's decoder reads the prompt through its encoder: the prompt is its source
+        encoder = model.encoder
+        self._source = [int(t) for t in tokens[: encoder.parts.source_length]] if encoder else []
         self._sequence: RoleSequence | None = None
         self._ratios: dict[tuple[str, int], list[float]] = {}
         self._one_token: list[float] = []
@@ -201,6 +204,8 @@ class CostCalibrator:
         if self._sequence is None or self._sequence.max_length < needed:
             capacity = min(limit, max(needed, self.context + 64))
             self._sequence = RoleSequence("target", self.model, max_length=capacity)
+            if self._source:
+                self._sequence.encode(self._source)
             self._sequence.prefill(self._tokens[: self.context])
         return self._sequence
 

@@ -305,6 +305,8 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
         print(f"  max_length {spec.max_length}, context {spec.context_length}, eos {list(spec.eos_token_ids)}")
         print(f"  capabilities: {', '.join(model.capabilities.names()) or 'none'}")
         print(f"  graph: {spec.onnx_file.name}")
+        for line in model.encoder.describe() if model.encoder else ():
+            print(f"  {line}")
         sys.stdout.flush()  # the lines above stand even where the dry forward fails
         # loading checked names, shapes and types against the config; a dry forward checks that the graph runs as
         # generation will bind it (a failure raises ModelLoadError: one line on stderr, exit status 2)

@@ -272,6 +272,7 @@ class Generator:
                     f"(model {target.name}, vocabulary {target.spec.vocab_size}) have different vocabularies: "
                     "every role must share the target's tokenizer"
                 )
+            _check_encoder_decoder(role, model, target, self.spec.name, self.spec.rows(self.options))
             needed = self.spec.active_capabilities(self.options).get(role, ())
             lacking = [c for c in needed if c not in model.capabilities.names()]
             if lacking:
@@ -280,6 +281,20 @@ class Generator:
                     f"controller {self.spec.name!r} needs {lacking} on role {role!r}, which model {model.name} "
                     f"lacks (it has {list(model.capabilities.names())}): {fixes}"
                 )
+
+    def _decoder_prompt(self, source: np.ndarray) -> np.ndarray:
+        """An encoder-decoder target's decoder prompt (its start token), once ``source`` fits every role's encoder."""
+        for role, model in self.models.items():
+            if model.encoder is not None and len(source) > model.encoder.parts.source_length:
+                limit = model.encoder.parts.source_length
+                raise ConfigError(
+                    f"the prompt has {len(source)} tokens but the encoder of role {role!r} (model {model.name}) takes "
+                    f"at most {limit} (config.json's max_position_embeddings, or the tokenizer's model_max_length): "
+                    "shorten the prompt, or split the text and generate for each part"
+                )
+        encoder = self.models["target"].encoder
+        assert encoder is not None  # only called for an encoder-decoder target
+        return np.array([encoder.parts.decoder_start_token_id], np.int64)
 
     def _sequence(self, role: str, length: int) -> Sequence:
         """The role's row 0 (its Sequence), with room for ``length`` positions; its other rows released."""
@@ -602,6 +617,9 @@ class Generator:
         ids = np.asarray(target_model.tokenizer.encode(prompt), np.int64)
         if ids.size == 0:
             raise ConfigError("the prompt is empty and the model adds no BOS token: give some prompt text")
+        source = None
+        if target_model.encoder is not None:  # the prompt is the encoder's; the decoder starts from its start token
+            source, ids = ids, self._decoder_prompt(ids)
         needed = len(ids) + max_new_tokens + self.spec.scratch(self.options)
         sequences = {role: self._sequence(role, needed) for role in self.roles}
         target = sequences["target"]
@@ -637,6 +655,8 @@ class Generator:
             new_output=lambda: Output(rules, detokenizer(), None),
         )
         host.prefill_chunk = self.prefill_chunk
+        if source is not None:
+            host.source_tokens = source
         controller = self._make_controller()
         run = _Run(host, output, controller, started)
         self._active = run
@@ -644,6 +664,9 @@ class Generator:
             prompt=prompt, controller=self.spec.name, roles={r: m.name for r, m in self.models.items()}
         )
         try:
+            if source is not None:  # every role's encoder reads the source once per generation
+                for sequence in sequences.values():
+                    sequence.encode(source)
             target.prefill(ids, self.prefill_chunk)
             run.prefill_seconds = time.perf_counter() - started
             controller.start(host)
@@ -686,7 +709,7 @@ class Generator:
             **run.host.trace,
         }
         return GenerationStats(
-            prompt_tokens=len(run.host.prompt_tokens),
+            prompt_tokens=len(run.host.source_tokens) or len(run.host.prompt_tokens),
             new_tokens=new,
             stop_reason=run.output.stop_reason,
             prefill_seconds=run.prefill_seconds,
@@ -740,6 +763,35 @@ class Generator:
         self.last = GenerationResult.of(run.host, stats)
         self.registry.notify_end(stats=stats, error=error)
         return self.last
+
+
+def _check_encoder_decoder(role: str, model: LoadedModel, target: LoadedModel, controller: str, rows: int) -> None:
+    """A role beside an encoder-decoder target reads the same source and continues the same decoder prompt: it must
+    be an encoder-decoder model starting from the target's decoder start token (and a decoder-only target takes
+    decoder-only roles). An encoder-decoder role holds one row (``rows``: what the controller asks for)."""
+    if rows > 1 and model.encoder is not None:
+        raise CapabilityError(
+            f"controller {controller!r} needs {rows} rows of role {role!r}, but model {model.name} is an "
+            "encoder-decoder model, whose decoder decoctl runs one row at a time (its self-attention KV is "
+            "concatenated, Optimum's layout): beam search and several samples of one prompt are not supported on "
+            "encoder-decoder models; use greedy, sample (n=1), the logits chain or speculative decoding with it"
+        )
+    if (model.encoder is None) != (target.encoder is None):
+        kind = {True: "a decoder-only model", False: "an encoder-decoder model"}
+        raise ConfigError(
+            f"role {role!r} (model {model.name}) is {kind[model.encoder is None]} but the target ({target.name}) is "
+            f"{kind[target.encoder is None]}: every role must be the same kind, since a role reads what the target "
+            "reads (an encoder-decoder draft runs its own encoder on the same source); give a "
+            f"{'smaller encoder-decoder model' if target.encoder else 'decoder-only model'} for it"
+        )
+    if model.encoder is not None and target.encoder is not None:
+        start, target_start = model.encoder.parts.decoder_start_token_id, target.encoder.parts.decoder_start_token_id
+        if start != target_start:
+            raise ConfigError(
+                f"role {role!r} (model {model.name}) starts its decoder from token {start} but the target "
+                f"({target.name}) from {target_start}: the two decoders would continue different prompts; give a "
+                "model trained with the target's tokenizer and decoder_start_token_id (its config.json)"
+            )
 
 
 def _checked_request(max_new_tokens: int, stop: Any, seed: int | None) -> tuple[str, ...]:

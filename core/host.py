@@ -23,6 +23,7 @@ import numpy as np
 
 from decoctl.errors import CapabilityError, ConfigError, SequenceError
 from decoctl.model.capabilities import FEATURES
+from decoctl.model.decoder_runner import DecoderRunner
 from decoctl.model.kv_cache import KVCache
 from decoctl.model.loader import LoadedModel
 from decoctl.model.runner import Runner, RunOutputs
@@ -148,8 +149,9 @@ class Sequence:
     ) -> None:
         self.role = role
         self.model = model
-        # ``kv``: one row of the role's batched buffers when the role holds several rows (decoctl.rows)
-        self._runner = Runner(model, max_length, kv)
+        # ``kv``: one row of the role's batched buffers when the role holds several rows (decoctl.rows); an
+        # encoder-decoder model's runner also holds its encoder's output and the cross-attention KV
+        self._runner = Runner(model, max_length, kv) if model.encoder is None else DecoderRunner(model, max_length, kv)
         self._tokens = np.zeros(self._runner.max_length, np.int64)
         self._logits: np.ndarray | None = None
         self._hidden: np.ndarray | None = None
@@ -272,6 +274,24 @@ class Sequence:
             part = None if rows_features is None else rows_features[start : start + step]
             rows = self._run(ids[start : start + step], features=part)
         return rows[-1:]
+
+    def encode(self, source: Seq[int] | np.ndarray) -> None:
+        """An encoder-decoder model's encoder over ``source`` (the prompt's tokens): the decoder's cache is emptied,
+        and its next forward, from length 0 (the decoder start token the Generator prefills), computes the
+        cross-attention KV that every later forward reads. The Generator calls it once per generation for every
+        role; controllers never need it. CapabilityError on a decoder-only model."""
+        runner = self._runner
+        if not isinstance(runner, DecoderRunner):
+            raise CapabilityError(
+                f"encode() on role {self.role!r}: model {self.model.name} is a decoder-only model, which has no "
+                "encoder; its prompt is fed with prefill()"
+            )
+        ids = np.asarray(source, dtype=np.int64).reshape(-1)
+        vocab = self.vocab_size
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            raise SequenceError(f"encode() on role {self.role!r} got token ids outside [0, {vocab})")
+        runner.encode(ids)
+        self._invalidate()
 
     def logits(self) -> np.ndarray:
         """float32[n, vocab] of the last forward (host-owned; valid until the next forward or rewind)."""
@@ -585,6 +605,9 @@ class Host:
         self._tokenizer = self._roles["target"].model.tokenizer
         self.rng = np.random.default_rng(seed)
         self.prefill_chunk: int | None = None
+        #: int64[s]: an encoder-decoder target's source, the encoded prompt its encoder read (the Generator sets
+        #: it); empty for a decoder-only target. Prompt lookup copies from it as from a prompt.
+        self.source_tokens: np.ndarray = _NO_TOKENS
         #: what the controller did, for the stats' execution trace: drafters, modes, and under "degraded"
         #: any degraded mode the user asked for
         self.trace: dict[str, Any] = {}
@@ -716,6 +739,8 @@ class Host:
 
     @property
     def prompt_tokens(self) -> np.ndarray:
+        """int64[p]: what the target held before the output: the encoded prompt, or an encoder-decoder model's
+        decoder start token (its prompt is the source)."""
         return self._prompt
 
     # -- processing -------------------------------------------------------------------------------------

@@ -238,6 +238,14 @@ class ConcatKVCache(KVCache):
             binding.bind_input(past_name, "cpu", 0, self._type, past_shape, past.ctypes.data)
             binding.bind_output(present_name, "cpu", 0, self._type, present_shape, present.ctypes.data)
 
+    def bind_present(self, binding: ort.IOBinding, n: int) -> None:
+        """Bind only the present outputs (``length + n`` positions), for a graph that takes no past: an
+        encoder-decoder model's first-pass decoder, which runs on an empty cache."""
+        heads, head = self.spec.num_kv_heads, self.spec.head_size
+        present_shape = [1, heads, self.length + n, head]
+        for (_, present_name), present in zip(self._names, self._present, strict=True):
+            binding.bind_output(present_name, "cpu", 0, self._type, present_shape, present.ctypes.data)
+
     def advance(self, n: int) -> None:
         self.length += n
         self._past, self._present = self._present, self._past

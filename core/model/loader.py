@@ -15,6 +15,7 @@ from decoctl.logs import get_logger
 from decoctl.model import fed_lengths, protowire, window_bias
 from decoctl.model import huge_pages as pages
 from decoctl.model.capabilities import ATTENTION_BIAS, Capabilities
+from decoctl.model.encoder_decoder import Encoder, read_encoder
 from decoctl.model.kv_cache import kv_shape
 from decoctl.model.spec import ModelSpec
 from decoctl.model.tokenizer import Tokenizer
@@ -57,7 +58,11 @@ def session_options(threads: int | None) -> ort.SessionOptions:
 
 @attrs.frozen(kw_only=True)
 class LoadedModel:
-    """One opened model: shared by every Sequence that runs it (each Sequence has its own KV cache)."""
+    """One opened model: shared by every Sequence that runs it (each Sequence has its own KV cache).
+
+    ``session`` runs the decoder step by step; ``encoder``: an encoder-decoder model's encoder and first-pass
+    decoder (decoctl.model.encoder_decoder), None for a decoder-only model.
+    """
 
     name: str
     spec: ModelSpec
@@ -65,6 +70,7 @@ class LoadedModel:
     capabilities: Capabilities
     tokenizer: Tokenizer
     threads: int
+    encoder: Encoder | None = None
 
 
 def load_model(
@@ -95,22 +101,13 @@ def load_model(
     rewritten = _without_mask_subgraph(spec) if feed_lengths and spec.layout == "genai" else None
     windowed = _window_in_bias(spec, rewritten.model if rewritten else None) if spec.layout == "genai" else None
     graph = windowed.model if windowed else rewritten.model if rewritten else None
-    try:
-        with pages.contiguous_allocations() if huge_pages else contextlib.nullcontext():
-            if graph is None:
-                session = ort.InferenceSession(str(spec.onnx_file), options, providers=["CPUExecutionProvider"])
-            else:
-                # the graph comes from memory; its external data still lies next to the file it was read from
-                options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(spec.onnx_file.parent))
-                session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types; all mean "not loadable"
-        damaged = _external_data_problem(spec.onnx_file)
-        if damaged:
-            raise ModelLoadError(f"onnxruntime could not load {spec.onnx_file}: {damaged}") from exc
-        raise ModelLoadError(
-            f"onnxruntime could not load {spec.onnx_file} ({type(exc).__name__}: {exc}): the file is corrupt "
-            "or was exported for a newer onnxruntime; re-export it"
-        ) from exc
+    parts = spec.encoder_decoder
+    others: tuple[ort.InferenceSession, ort.InferenceSession] | None = None
+    with pages.contiguous_allocations() if huge_pages else contextlib.nullcontext():
+        session = _session(spec.onnx_file, graph, options)
+        if parts is not None:  # an encoder-decoder model's encoder and first-pass decoder, each opened once
+            first = session if parts.merged else _session(parts.first_file, None, options)
+            others = (_session(parts.encoder_file, None, options), first)
     if huge_pages:
         # the weights now sit in onnxruntime's buffers: put them on huge pages (see huge_pages.py for the measurement)
         pages.collapse()
@@ -118,6 +115,7 @@ def load_model(
     capabilities = Capabilities.from_session(
         session, spec, rewritten.inputs if rewritten else None, windowed.windows if windowed else ()
     )
+    encoder = None if others is None else read_encoder(spec, *others, session)
     tokenizer = Tokenizer.from_file(spec.tokenizer_file, bos_token_id=spec.bos_token_id, add_bos=spec.add_bos)
     _check_vocabulary(spec, session, tokenizer)
     model = LoadedModel(
@@ -127,6 +125,7 @@ def load_model(
         capabilities=capabilities,
         tokenizer=tokenizer,
         threads=options.intra_op_num_threads,
+        encoder=encoder,
     )
     log.debug(
         "decoctl.model_loaded",
@@ -137,6 +136,25 @@ def load_model(
         fed_lengths=rewritten is not None,
     )
     return model
+
+
+def _session(onnx_file: Path, graph: bytes | None, options: ort.SessionOptions) -> ort.InferenceSession:
+    """An onnxruntime session of ``onnx_file`` (or of ``graph``, that file rewritten in memory), or ModelLoadError
+    naming the file and what is wrong with it."""
+    try:
+        if graph is None:
+            return ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+        # the graph comes from memory; its external data still lies next to the file it was read from
+        options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(onnx_file.parent))
+        return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types; all mean "not loadable"
+        damaged = _external_data_problem(onnx_file)
+        if damaged:
+            raise ModelLoadError(f"onnxruntime could not load {onnx_file}: {damaged}") from exc
+        raise ModelLoadError(
+            f"onnxruntime could not load {onnx_file} ({type(exc).__name__}: {exc}): the file is corrupt "
+            "or was exported for a newer onnxruntime; re-export it"
+        ) from exc
 
 
 def _with_graph_kv(spec: ModelSpec, session: ort.InferenceSession) -> ModelSpec:
@@ -165,7 +183,13 @@ def _check_vocabulary(spec: ModelSpec, session: ort.InferenceSession, tokenizer:
             f"{config} says vocab_size {spec.vocab_size} but the graph's {spec.logits_name} output has {width} "
             f"entries per token: set vocab_size to {width} (or re-export the model with its config)"
         )
-    for what, ids in (("eos_token_id", spec.eos_token_ids), ("bos_token_id", (spec.bos_token_id,))):
+    parts = spec.encoder_decoder
+    start = (parts.decoder_start_token_id,) if parts is not None else ()
+    for what, ids in (
+        ("eos_token_id", spec.eos_token_ids),
+        ("bos_token_id", (spec.bos_token_id,)),
+        ("decoder_start_token_id", start),
+    ):
         bad = [i for i in ids if i is not None and not 0 <= i < spec.vocab_size]
         if bad:
             raise ModelLoadError(

@@ -426,28 +426,46 @@ def dry_forward(model: LoadedModel) -> str:
     what ran; raise ModelLoadError naming the file, the run and onnxruntime's complaint where one fails or gives
     logits that are not finite."""
     spec = model.spec
-    runner = Runner(model, max_length=min(spec.max_length, 8))
     tokens = np.arange(1, DRY_TOKENS + 1, dtype=np.int64) % spec.vocab_size
-    for what, feed in (
-        (f"the first forward ({DRY_TOKENS} tokens, empty cache)", tokens),
-        (f"a one-token step after {DRY_TOKENS} tokens", tokens[:1]),
+    encoder = model.encoder
+    encoded = ""
+    if encoder is None:
+        runner = Runner(model, max_length=min(spec.max_length, 8))
+    else:  # an encoder-decoder model: the encoder over two source tokens first
+        from decoctl.model.decoder_runner import DecoderRunner  # it builds on this module
+
+        decoder = DecoderRunner(model, max_length=min(spec.max_length, 8))
+        runner = decoder
+        encoded = f"the encoder over {DRY_TOKENS} source tokens, then "
+        try:
+            decoder.encode(tokens)
+        except Exception as exc:  # onnxruntime's own error types
+            raise ModelLoadError(
+                f"{encoder.parts.encoder_file} loads but a pass over {DRY_TOKENS} tokens fails in onnxruntime "
+                f"({type(exc).__name__}: {exc}): the encoder does not run as decoctl binds it; re-export it"
+            ) from exc
+    # an encoder-decoder model's first forward runs its first-pass decoder
+    first = (encoder.parts.first_file, encoder.first) if encoder else (spec.onnx_file, model.session)
+    for (graph, session), what, feed in (
+        (first, f"the first forward ({DRY_TOKENS} tokens, empty cache)", tokens),
+        ((spec.onnx_file, model.session), f"a one-token step after {DRY_TOKENS} tokens", tokens[:1]),
     ):
         try:
             logits = runner.run(feed).logits
         except Exception as exc:  # onnxruntime's own error types: each means the graph and the bindings disagree
-            inputs = ", ".join(f"{i.name} {i.type}{i.shape}" for i in model.session.get_inputs())
+            inputs = ", ".join(f"{i.name} {i.type}{i.shape}" for i in session.get_inputs())
             raise ModelLoadError(
-                f"{spec.onnx_file} loads but {what} fails in onnxruntime ({type(exc).__name__}: {exc}); the graph "
+                f"{graph} loads but {what} fails in onnxruntime ({type(exc).__name__}: {exc}); the graph "
                 f"takes {inputs}: the graph does not run as decoctl binds it; re-export it, or report the layout"
             ) from exc
         if not np.isfinite(logits).all():
             raise ModelLoadError(
-                f"{spec.onnx_file}: {what} gives logits that are not finite (NaN or infinity): the export is broken "
+                f"{graph}: {what} gives logits that are not finite (NaN or infinity): the export is broken "
                 "(a float16 overflow?); re-export it"
             )
     output = runner._logits
     widened = " (widened to float32 once per forward)" if output.narrow else ""
     return (
-        f"dry forward ok: {DRY_TOKENS} tokens, then one step on their cache; logits {dtype_name(output.dtype)}"
+        f"dry forward ok: {encoded}{DRY_TOKENS} tokens, then one step on their cache; logits {dtype_name(output.dtype)}"
         f"{widened}, KV {dtype_name(runner.kv.dtype)} [{spec.num_kv_heads} heads x {spec.head_size}]"
     )

@@ -1,8 +1,10 @@
 """What a model folder says about itself: layout, sizes, special tokens, input/output names.
 
-Two layouts are read: onnxruntime-genai's (genai_config.json) and Optimum's (config.json). Everything here
-comes from the folder's JSON; what the graph itself offers is read later (see capabilities.py), and so are the KV
-heads and head size, which the loader takes from the graph's past inputs (kv_cache.kv_shape).
+Two layouts are read: onnxruntime-genai's (genai_config.json) and Optimum's (config.json), whose encoder-decoder
+exports (encoder_model.onnx beside the decoder graphs) are a third: a composite model (EncoderDecoderParts).
+Everything here comes from the folder's JSON and file names; what the graph itself offers is read later (see
+capabilities.py), and so are the KV heads and head size, which the loader takes from the graph's past inputs
+(kv_cache.kv_shape).
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from decoctl.logs import get_logger
 
 __all__ = [
     "ALIBI_CONTEXT_LENGTH",
+    "ENCODER_GRAPH",
     "OPTIMUM_GRAPHS",
+    "RELATIVE_CONTEXT_LENGTH",
+    "EncoderDecoderParts",
     "ModelSpec",
     "NonAttentionState",
     "detect_layout",
@@ -59,7 +64,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def detect_layout(path: Path) -> str:
-    """Return "genai" or "optimum" for a model folder, or raise ModelLoadError naming what is missing."""
+    """Return "genai", "optimum" or "encoder-decoder" (Optimum's export of a T5, BART or Marian model) for a model
+    folder, or raise ModelLoadError naming what is missing."""
     if not path.exists():
         raise ModelLoadError(f"model folder {path} does not exist: pass the folder of an exported model")
     if not path.is_dir():
@@ -67,7 +73,7 @@ def detect_layout(path: Path) -> str:
     if (path / GENAI_CONFIG).is_file():
         return "genai"
     if (path / OPTIMUM_CONFIG).is_file():
-        return "optimum"
+        return "encoder-decoder" if _is_encoder_decoder(path) else "optimum"
     raise ModelLoadError(
         f"model folder {path} has neither {GENAI_CONFIG} (onnxruntime-genai layout) nor {OPTIMUM_CONFIG} "
         "(Optimum layout): export the model with onnxruntime-genai's builder or optimum-cli"
@@ -85,6 +91,22 @@ OPTIMUM_NO_PAST_GRAPH = "decoder_model.onnx"
 #: positions in the graph, so this only bounds decoctl's KV cache; 2048 is the length BLOOM and Falcon-RW were
 #: trained for. A ``max_position_embeddings`` in config.json replaces it.
 ALIBI_CONTEXT_LENGTH = 2048
+
+#: an encoder-decoder export's encoder graph (input_ids, attention_mask -> last_hidden_state)
+ENCODER_GRAPH = "encoder_model.onnx"
+#: its decoder graphs: the merged decoder (the no-past branch on an empty cache, which also writes the
+#: cross-attention KV, the with-past branch after), else the pair optimum writes without merging them
+SEQ2SEQ_MERGED = "decoder_model_merged.onnx"
+SEQ2SEQ_FIRST = "decoder_model.onnx"
+SEQ2SEQ_WITH_PAST = "decoder_with_past_model.onnx"
+#: how to export one, for the errors that ask for another export
+SEQ2SEQ_EXPORT = "optimum-cli export onnx --model MODEL --task text2text-generation-with-past DIR"
+#: the context length of a model with relative positions (T5) whose config gives none: the graph puts no limit on
+#: positions, so this only bounds the encoder's input and the decoder's KV cache; 512 is what T5 was trained with.
+#: tokenizer_config.json's model_max_length or a ``max_position_embeddings`` in config.json replaces it.
+RELATIVE_CONTEXT_LENGTH = 512
+#: tokenizer_config.json's model_max_length when the tokenizer sets no limit (transformers' VERY_LARGE_INTEGER)
+_NO_LIMIT = 10**18
 
 #: the names an architecture's config.json writes for the common fields, as transformers' ``attribute_map`` of
 #: that architecture's config class has them (GPT2Config: ``num_hidden_layers`` is ``n_layer``); tried before the
@@ -136,6 +158,62 @@ def optimum_graph_file(folder: Path) -> Path:
         f"{folder} has no decoder graph: none of {', '.join(OPTIMUM_GRAPHS)} is there (nor in onnx/); copy the "
         "graph next to config.json, or export the model with optimum-cli export onnx --task "
         "text-generation-with-past"
+    )
+
+
+def _is_encoder_decoder(folder: Path) -> bool:
+    """An Optimum folder holds an encoder-decoder export: an encoder graph is there (or in onnx/), or config.json
+    says ``is_encoder_decoder`` (then a missing encoder is an error naming it, not a decoder-only load)."""
+    if any((place / ENCODER_GRAPH).is_file() for place in (folder, folder / "onnx")):
+        return True
+    try:
+        config = json.loads((folder / OPTIMUM_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False  # from_optimum_config reads it again and says what is wrong
+    return isinstance(config, dict) and config.get("is_encoder_decoder") is True
+
+
+def encoder_decoder_files(folder: Path) -> tuple[Path, Path, Path]:
+    """(encoder, first-pass decoder, stepping decoder) of an encoder-decoder export: the merged decoder serves as
+    both decoders; otherwise decoder_model.onnx runs the first pass (it takes no past and writes the
+    cross-attention KV) and decoder_with_past_model.onnx every later one. Each is looked for next to config.json,
+    then in onnx/. A missing part raises ModelLoadError naming it and where it comes from."""
+    places = (folder, folder / "onnx")
+
+    def find(name: str) -> Path | None:
+        return next((place / name for place in places if (place / name).is_file()), None)
+
+    encoder, merged = find(ENCODER_GRAPH), find(SEQ2SEQ_MERGED)
+    first, with_past = find(SEQ2SEQ_FIRST), find(SEQ2SEQ_WITH_PAST)
+    if encoder is None:
+        decoders = [p.name for p in (merged, first, with_past) if p is not None]
+        holds = f"holds {', '.join(decoders)} but " if decoders else ""
+        raise ModelLoadError(
+            f"{folder} is an encoder-decoder export (config.json says is_encoder_decoder) and {holds}its encoder, "
+            f"{ENCODER_GRAPH}, is missing (nor in onnx/): copy it from the same export next to config.json, or "
+            f"export the model again: {SEQ2SEQ_EXPORT}"
+        )
+    if merged is not None:
+        return encoder, merged, merged
+    if first is not None and with_past is not None:
+        return encoder, first, with_past
+    if first is not None:
+        raise ModelLoadError(
+            f"{folder} holds {SEQ2SEQ_FIRST} but not {SEQ2SEQ_WITH_PAST} (nor {SEQ2SEQ_MERGED}): that decoder takes "
+            "no past key values, so every token would run the whole decoder again; copy "
+            f"{SEQ2SEQ_WITH_PAST} (or {SEQ2SEQ_MERGED}) from the same export next to it, or export with "
+            f"{SEQ2SEQ_EXPORT}"
+        )
+    if with_past is not None:
+        raise ModelLoadError(
+            f"{folder} holds {SEQ2SEQ_WITH_PAST} but not {SEQ2SEQ_FIRST} (nor {SEQ2SEQ_MERGED}): the decoder's first "
+            f"pass, which computes the cross-attention KV from the encoder's output, runs {SEQ2SEQ_FIRST}; copy it "
+            f"(or {SEQ2SEQ_MERGED}) from the same export next to it, or export with {SEQ2SEQ_EXPORT}"
+        )
+    raise ModelLoadError(
+        f"{folder} has an encoder ({encoder.name}) but no decoder graph: none of {SEQ2SEQ_MERGED}, {SEQ2SEQ_FIRST} "
+        f"with {SEQ2SEQ_WITH_PAST} is there (nor in onnx/); copy them from the same export, or export with "
+        f"{SEQ2SEQ_EXPORT}"
     )
 
 
@@ -201,6 +279,41 @@ def _optimum_context_length(config_path: Path, names: _ConfigNames) -> int:
 
 
 @attrs.frozen(kw_only=True)
+class EncoderDecoderParts:
+    """What an encoder-decoder export adds to the decoder a ModelSpec describes (Optimum's names).
+
+    ``encoder_file``: the encoder (``input_ids``, ``attention_mask`` -> ``last_hidden_state``), run once per
+    generation over the prompt (the source). ``first_file``: the decoder a pass from an empty cache runs; it takes
+    ``encoder_hidden_states`` and writes the cross-attention KV (``present.N.encoder.key/value``) besides the
+    self-attention KV. The spec's ``onnx_file`` runs every later pass, with the cross-attention KV bound as
+    ``past_key_values.N.encoder.key/value``. A merged decoder is both (``merged``: its ``use_cache_branch`` picks).
+    ``decoder_start_token_id``: the decoder's first token. ``source_length``: the most tokens the encoder takes.
+    """
+
+    encoder_file: Path
+    first_file: Path
+    merged: bool
+    decoder_start_token_id: int
+    source_length: int
+    encoder_ids_name: str = "input_ids"
+    encoder_mask_name: str = "attention_mask"
+    encoder_output_name: str = "last_hidden_state"
+    #: the decoder's inputs that take the encoder's output and the source's mask
+    hidden_input_name: str = "encoder_hidden_states"
+    mask_input_name: str = "encoder_attention_mask"
+    past_cross_key_pattern: str = "past_key_values.%d.encoder.key"
+    past_cross_value_pattern: str = "past_key_values.%d.encoder.value"
+    present_cross_key_pattern: str = "present.%d.encoder.key"
+    present_cross_value_pattern: str = "present.%d.encoder.value"
+
+    def past_cross_names(self, layer: int) -> tuple[str, str]:
+        return self.past_cross_key_pattern % layer, self.past_cross_value_pattern % layer
+
+    def present_cross_names(self, layer: int) -> tuple[str, str]:
+        return self.present_cross_key_pattern % layer, self.present_cross_value_pattern % layer
+
+
+@attrs.frozen(kw_only=True)
 class ModelSpec:
     """A model folder's static description.
 
@@ -234,6 +347,8 @@ class ModelSpec:
     past_value_pattern: str = "past_key_values.%d.value"
     present_key_pattern: str = "present.%d.key"
     present_value_pattern: str = "present.%d.value"
+    #: the encoder and first-pass decoder of an encoder-decoder model (layout "encoder-decoder"), else None
+    encoder_decoder: EncoderDecoderParts | None = None
 
     def past_names(self, layer: int) -> tuple[str, str]:
         return self.past_key_pattern % layer, self.past_value_pattern % layer
@@ -247,6 +362,8 @@ class ModelSpec:
         layout = detect_layout(folder)
         if layout == "genai":
             return cls.from_genai_config(folder)
+        if layout == "encoder-decoder":
+            return cls.from_encoder_decoder_config(folder)
         return cls.from_optimum_config(folder)
 
     @classmethod
@@ -337,6 +454,75 @@ class ModelSpec:
         spec._check_files()
         return spec
 
+    @classmethod
+    def from_encoder_decoder_config(cls, folder: Path) -> ModelSpec:
+        """Read an Optimum encoder-decoder folder (T5, BART, Marian): config.json, encoder_model.onnx and the decoder
+        graphs (:func:`encoder_decoder_files`), tokenizer.json. The spec describes the decoder: its self-attention KV
+        (``past_key_values.N.decoder.*`` -> ``present.N.decoder.*``) is the cache that rewinds; ``encoder_decoder``
+        holds the rest. The decoder starts from config.json's (else generation_config.json's)
+        ``decoder_start_token_id``."""
+        config_path = folder / OPTIMUM_CONFIG
+        config = _read_json(config_path)
+        encoder, first, step = encoder_decoder_files(folder)
+        try:
+            names = _ConfigNames(config)
+            hidden = int(config.get("d_model") or names.get("hidden_size"))
+            heads = int(
+                next(
+                    config[n]
+                    for n in ("decoder_attention_heads", "num_heads", "num_attention_heads")
+                    if config.get(n) is not None
+                )
+            )
+            layers = int(
+                next(
+                    config[n]
+                    for n in ("decoder_layers", "num_decoder_layers", "num_layers", "num_hidden_layers")
+                    if config.get(n) is not None
+                )
+            )
+            context_length = _encoder_decoder_context_length(folder, config_path, names)
+            start = _decoder_start(folder, config_path, config)
+            parts = EncoderDecoderParts(
+                encoder_file=encoder,
+                first_file=first,
+                merged=first == step,
+                decoder_start_token_id=start,
+                source_length=context_length,
+            )
+            spec = cls(
+                path=folder,
+                layout="encoder-decoder",
+                onnx_file=step,
+                tokenizer_file=folder / TOKENIZER_FILE,
+                vocab_size=int(config["vocab_size"]),
+                num_layers=layers,
+                # the config's; the loader replaces both with the graph's KV inputs' shapes
+                num_kv_heads=heads,
+                head_size=int(config.get("d_kv") or config.get("head_dim") or hidden // heads),
+                hidden_size=hidden,
+                context_length=context_length,
+                max_length=context_length,
+                bos_token_id=config.get("bos_token_id"),
+                eos_token_ids=_declared_eos(folder, (config_path, config.get("eos_token_id"))),
+                pad_token_id=config.get("pad_token_id"),
+                add_bos=_add_bos(folder, default=False),
+                share_buffer=False,
+                attention_mask_name=parts.mask_input_name,
+                past_key_pattern="past_key_values.%d.decoder.key",
+                past_value_pattern="past_key_values.%d.decoder.value",
+                present_key_pattern="present.%d.decoder.key",
+                present_value_pattern="present.%d.decoder.value",
+                encoder_decoder=parts,
+            )
+        except (KeyError, StopIteration, TypeError, ValueError) as exc:
+            what = "a layer or head count" if isinstance(exc, StopIteration) else repr(exc)
+            raise ModelLoadError(
+                f"{config_path} lacks or mangles a required field ({what}): re-export the model with {SEQ2SEQ_EXPORT}"
+            ) from exc
+        spec._check_files()
+        return spec
+
     def _check_files(self) -> None:
         for needed, fix in (
             (self.onnx_file, "the ONNX graph is missing: copy or re-export it"),
@@ -375,6 +561,45 @@ def _add_bos(folder: Path, *, default: bool) -> bool:
     return bool(value)
 
 
+def _decoder_start(folder: Path, config_path: Path, config: dict[str, Any]) -> int:
+    """The decoder's first token: config.json's decoder_start_token_id, else generation_config.json's."""
+    value = config.get("decoder_start_token_id")
+    path = folder / GENERATION_CONFIG
+    if value is None and path.is_file():
+        value = _read_json(path).get("decoder_start_token_id")
+    if value is None:
+        raise ModelLoadError(
+            f"{config_path} gives no decoder_start_token_id (nor does {GENERATION_CONFIG}): the decoder cannot start "
+            'without it; add "decoder_start_token_id": N to config.json (T5: its pad token, 0; BART: </s>, 2; '
+            "Marian: its pad token), as the model's original config has it"
+        )
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ModelLoadError(f"{config_path}: decoder_start_token_id {value!r} is not a token id: fix the config")
+    return value
+
+
+def _encoder_decoder_context_length(folder: Path, config_path: Path, names: _ConfigNames) -> int:
+    """The most positions the encoder and the decoder take: config.json's (BART's and Marian's learned or
+    sinusoidal positions), else tokenizer_config.json's model_max_length, else :data:`RELATIVE_CONTEXT_LENGTH`
+    (logged) for a model with relative positions (T5), which puts no limit in the graph."""
+    value = names.find("max_position_embeddings", *_CONTEXT_NAMES)
+    if value is not None:
+        return int(value)
+    path = folder / "tokenizer_config.json"
+    limit = _read_json(path).get("model_max_length") if path.is_file() else None
+    if isinstance(limit, int | float) and not isinstance(limit, bool) and 0 < limit < _NO_LIMIT:
+        return int(limit)
+    log.info(
+        "decoctl.context_length_assumed",
+        config=str(config_path),
+        context_length=RELATIVE_CONTEXT_LENGTH,
+        reason=f"{names.model_type or 'this'} model has relative positions and neither its config nor its tokenizer "
+        "gives a length",
+        hint="set max_position_embeddings in config.json to change it",
+    )
+    return RELATIVE_CONTEXT_LENGTH
+
+
 @attrs.frozen(kw_only=True)
 class NonAttentionState:
     """State a graph carries between steps that is not attention's KV cache (a hybrid model's other layers).
@@ -405,8 +630,14 @@ def non_attention_state(spec: ModelSpec, inputs: Iterable[str], outputs: Iterabl
     onnxruntime-genai's builder exports LFM2's convolution layers with ``past.N.conv`` -> ``present.N.conv``
     next to the attention layers' KV; such a graph has no KV for those layers, which would otherwise read as a
     config that does not fit its graph."""
-    kv_inputs = [_layer_pattern(p) for p in (spec.past_key_pattern, spec.past_value_pattern)]
-    kv_outputs = [_layer_pattern(p) for p in (spec.present_key_pattern, spec.present_value_pattern)]
+    inputs_kv = [spec.past_key_pattern, spec.past_value_pattern]
+    outputs_kv = [spec.present_key_pattern, spec.present_value_pattern]
+    parts = spec.encoder_decoder
+    if parts is not None:  # the cross-attention KV is attention's too
+        inputs_kv += [parts.past_cross_key_pattern, parts.past_cross_value_pattern]
+        outputs_kv += [parts.present_cross_key_pattern, parts.present_cross_value_pattern]
+    kv_inputs = [_layer_pattern(p) for p in inputs_kv]
+    kv_outputs = [_layer_pattern(p) for p in outputs_kv]
     names = [
         *(n for n in inputs if n.lower().startswith("past") and not any(k.fullmatch(n) for k in kv_inputs)),
         *(n for n in outputs if n.lower().startswith("present") and not any(k.fullmatch(n) for k in kv_outputs)),

@@ -105,7 +105,8 @@ class Lookahead:
     # -- set-up -----------------------------------------------------------------------------------------
     def start(self, host: Host) -> None:
         target = host.target
-        prompt = host.prompt_tokens
+        # an encoder-decoder target's source comes first: its n-grams and copies are the output's likeliest
+        prompt = np.concatenate([host.source_tokens, host.prompt_tokens])
         self.degraded = "tree" not in target.capabilities
         if self.degraded and not self.allow_degraded:
             raise CapabilityError(

@@ -94,7 +94,8 @@ class DraftModelDrafter:
 class PromptLookupDrafter:
     """Copy the continuation of the latest earlier occurrence of the context's last n tokens (n from
     ``ngram_max`` down to ``ngram_min``), from prompt and output alike (decoctl.verify.LookupIndex, extended by the
-    new tokens only). Point-mass proposals; no model.
+    new tokens only). An encoder-decoder target's source (``host.source_tokens``) comes first in the index, so a
+    summary or a translation copies names and phrases from its source. Point-mass proposals; no model.
     """
 
     name = "prompt-lookup"
@@ -106,16 +107,19 @@ class PromptLookupDrafter:
         self.bucket = 0
         self._sizes = (ngram_max, ngram_min)
         self.index = LookupIndex(ngram_max, ngram_min)
+        self._before = 0
         self.hits = self.misses = 0
 
     def start(self, host: Host) -> None:
-        del host
         self.index = LookupIndex(*self._sizes)
+        self.index.extend(host.source_tokens.tolist())
+        #: index positions before the context's first token (the source's)
+        self._before = len(self.index.tokens)
         self.hits = self.misses = 0
 
     def propose(self, host: Host, context: np.ndarray, k: int) -> tuple[list[int], np.ndarray | None]:
         del host
-        self.index.extend(context[len(self.index.tokens) :].tolist())
+        self.index.extend(context[len(self.index.tokens) - self._before :].tolist())
         drafts, self.bucket = self.index.find(k)
         if self.bucket:
             self.hits += 1

@@ -1,0 +1,179 @@
+"""The runner of an encoder-decoder model (T5, BART, Marian): the encoder once per source, then a decoder that
+forwards, rewinds and keeps like any decoder-only model's.
+
+``encode(source)`` runs the encoder over the source's tokens into a buffer of this runner and empties the decoder's
+cache. A forward from an empty cache runs the first-pass decoder (Optimum's decoder_model.onnx, or the merged
+decoder's no-past branch): it reads the encoder's output and writes the cross-attention KV (its
+``present.N.encoder.*`` outputs) straight into this runner's cross buffers, besides the first self-attention KV.
+Every later forward runs the stepping decoder (decoder_with_past_model.onnx, or the merged decoder's with-past
+branch) with those buffers bound as its ``past_key_values.N.encoder.*`` inputs: bound once per source, never
+copied. The self-attention KV is the ConcatKVCache every Optimum model has, so rewind and keep work unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from decoctl.errors import CapabilityError, SequenceError
+from decoctl.model.encoder_decoder import Encoder
+from decoctl.model.kv_cache import ConcatKVCache, KVCache, binding_type, graph_dtype
+from decoctl.model.loader import LoadedModel
+from decoctl.model.runner import Runner, RunOutputs, binding_calls
+
+__all__ = ["DecoderRunner"]
+
+#: the source length the encoder's and the cross-attention buffers are first allocated for (they double as needed)
+MIN_SOURCE = 64
+
+
+class _Binding:
+    """One IOBinding of a session, and what each name is bound to now (re-bound only when that changes)."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.binding = session.io_binding()
+        self._calls = binding_calls(session, self.binding)
+        self.run = self._calls.run
+        self._bound: dict[str, tuple[int, tuple[int, ...]]] = {}
+
+    def bind(self, name: str, dtype: Any, shape: tuple[int, ...], pointer: int, *, output: bool = False) -> None:
+        if self._bound.get(name) == (pointer, shape):
+            return
+        bind = self._calls.bind_output if output else self._calls.bind_input
+        bind(name, dtype, list(shape), pointer)
+        self._bound[name] = (pointer, shape)
+
+
+class DecoderRunner(Runner):
+    """Runs an encoder-decoder model for one sequence (see the module docstring). ``source_length`` is the length
+    of the source encoded last, 0 before the first ``encode``."""
+
+    def __init__(self, model: LoadedModel, max_length: int | None = None, kv: KVCache | None = None) -> None:
+        encoder = model.encoder
+        if encoder is None:
+            raise CapabilityError(f"model {model.name} has no encoder: run it with decoctl.model.runner.Runner")
+        if kv is not None:
+            raise CapabilityError(
+                f"model {model.name} is an encoder-decoder model, whose decoder runs one row (its self-attention KV "
+                "is concatenated, Optimum's layout): it cannot take a row of a batched buffer"
+            )
+        super().__init__(model, max_length)
+        if not isinstance(self.kv, ConcatKVCache):
+            raise CapabilityError(f"model {model.name}: an encoder-decoder decoder keeps a concatenated KV cache")
+        self._self_kv = self.kv
+        self._encoder: Encoder = encoder
+        self._parts = encoder.parts
+        self._run_encoder = _Binding(encoder.session)
+        self._first = _Binding(encoder.first)
+        self._step = _Binding(model.session)
+        spec = model.spec
+        step_inputs = {i.name: i.type for i in model.session.get_inputs()}
+        cross_dtype = graph_dtype(step_inputs[self._parts.past_cross_names(0)[0]])
+        self._cross_dtype = self.kv.dtype if cross_dtype is None else cross_dtype
+        self._cross_type = binding_type(self._cross_dtype)
+        self._hidden_type = binding_type(encoder.hidden_dtype)
+        self._cross_names = [
+            (self._parts.past_cross_names(layer), self._parts.present_cross_names(layer))
+            for layer in range(spec.num_layers)
+        ]
+        self.source_length = 0
+        self._capacity = 0
+        self._allocate(MIN_SOURCE)
+        self._false = np.zeros(1, np.bool_)
+        self._true = np.ones(1, np.bool_)
+
+    def _allocate(self, capacity: int) -> None:
+        """Buffers for a source of up to ``capacity`` tokens: its ids and mask, the encoder's output and the
+        cross-attention KV (one key and one value per decoder layer)."""
+        encoder = self._encoder
+        self._capacity = capacity
+        self._source_ids = np.zeros((1, capacity), np.int64)
+        self._source_mask = np.ones((1, capacity), np.int64)
+        self._encoded = np.zeros((1, capacity, encoder.hidden_size), encoder.hidden_dtype)
+        size = encoder.cross_heads * capacity * encoder.cross_head_size
+        self._cross = [
+            (np.zeros(size, self._cross_dtype), np.zeros(size, self._cross_dtype)) for _ in self._cross_names
+        ]
+
+    def encode(self, source: np.ndarray) -> None:
+        """Run the encoder over ``source`` (int64[s], 1 <= s <= the model's source length) and empty the decoder's
+        cache; the next forward (from length 0) computes the cross-attention KV."""
+        parts, encoder = self._parts, self._encoder
+        n = len(source)
+        if not 1 <= n <= parts.source_length:
+            raise SequenceError(
+                f"encode() got {n} source tokens; the encoder of {self.model.name} takes 1 to {parts.source_length}"
+            )
+        if n > self._capacity:
+            capacity = self._capacity
+            while capacity < n:
+                capacity *= 2
+            self._allocate(min(capacity, parts.source_length))
+        self._source_ids[0, :n] = source
+        ids, mask, encoded = self._source_ids.ctypes.data, self._source_mask.ctypes.data, self._encoded.ctypes.data
+        width = encoder.hidden_size
+        run = self._run_encoder
+        run.bind(parts.encoder_ids_name, np.int64, (1, n), ids)
+        run.bind(parts.encoder_mask_name, np.int64, (1, n), mask)
+        run.bind(parts.encoder_output_name, self._hidden_type, (1, n, width), encoded, output=True)
+        run.run()
+        self.source_length = n
+        self.kv.truncate(0)
+        # what the decoders read of the source, bound once for every pass until the next encode
+        for binding, takes in ((self._first, encoder.first_inputs), (self._step, encoder.step_inputs)):
+            if parts.mask_input_name in takes:
+                binding.bind(parts.mask_input_name, np.int64, (1, n), mask)
+            if parts.hidden_input_name in takes:
+                binding.bind(parts.hidden_input_name, self._hidden_type, (1, n, width), encoded)
+        shape = (1, encoder.cross_heads, n, encoder.cross_head_size)
+        empty = (1, encoder.cross_heads, 0, encoder.cross_head_size)
+        for (past, present), pair in zip(self._cross_names, self._cross, strict=True):
+            for past_name, present_name, buffer in zip(past, present, pair, strict=True):
+                pointer = buffer.ctypes.data
+                self._first.bind(present_name, self._cross_type, shape, pointer, output=True)
+                self._step.bind(past_name, self._cross_type, shape, pointer)
+                if parts.merged:  # the no-past branch reads no cross KV: an empty one, never the buffer it writes
+                    self._first.bind(past_name, self._cross_type, empty, pointer)
+        branch = self.model.capabilities.use_cache_branch
+        if branch is not None:
+            self._first.bind(branch, np.bool_, (1,), self._false.ctypes.data)
+            self._step.bind(branch, np.bool_, (1,), self._true.ctypes.data)
+
+    def run(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray | None = None,
+        bias: np.ndarray | None = None,
+        features: np.ndarray | None = None,
+        bias_positions: np.ndarray | None = None,
+    ) -> RunOutputs:
+        """Feed ``tokens`` (int64[n]) after the current length: the first-pass decoder from an empty cache, the
+        stepping decoder after. The decoder takes no positions, bias or features (its capabilities say so)."""
+        del positions, bias, features, bias_positions
+        if self.source_length == 0:
+            raise SequenceError(
+                f"a forward of {self.model.name}'s decoder before its encoder ran: encode the source first "
+                "(Sequence.encode; the Generator encodes the prompt)"
+            )
+        n = len(tokens)
+        spec = self.model.spec
+        self._ids[0, :n] = tokens
+        first = self.kv.length == 0
+        binding = self._first if first else self._step
+        binding.bind(spec.input_ids_name, np.int64, (1, n), self._ids_pointer)
+        if first and not self._parts.merged:
+            self._self_kv.bind_present(binding.binding, n)
+        else:
+            self.kv.bind(binding.binding, n)
+        rows = n if self.model.capabilities.logits_all_positions else 1
+        logits = self._logits.rows(rows)
+        binding.bind(
+            spec.logits_name, self._logits.bind_type, (1, rows, spec.vocab_size), self._logits.pointer, output=True
+        )
+        binding.run()
+        if self._narrow:
+            self._widen(rows, n)
+        self.kv.advance(n)
+        return RunOutputs(logits, None, None)
