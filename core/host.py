@@ -535,6 +535,16 @@ class Sequence:
         self._tokens[: len(tokens)] = tokens
         self._invalidate()
 
+    def _detach_outputs(self) -> None:
+        """Keep this row's outputs in arrays of its own: the batched step's buffer they view is about to be
+        rewritten by a step that passes over this row."""
+        if self._logits is not None:
+            self._logits = self._logits.copy()
+        if self._hidden is not None:
+            self._hidden = self._hidden.copy()
+        if self._aux is not None:
+            self._aux = self._aux.copy()
+
     def _stepped(self, token: int, outputs: RunOutputs, seconds: float) -> None:
         """A batched step fed ``token`` to this row and wrote its key and value at the row's length."""
         start = self._runner.kv.length

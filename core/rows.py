@@ -62,6 +62,8 @@ class Rows:
         self._debug = debug
         self._rows: list[Sequence | None] = [self._new_row(0)] + [None] * (capacity - 1)
         self._step: BatchStep | None = None
+        #: rows whose current outputs are views of the batched step's output buffer
+        self._aliased: set[int] = set()
 
     def _new_row(self, row: int) -> Sequence:
         kv = None if self._kv is None else self._kv.caches[row]
@@ -171,6 +173,14 @@ class Rows:
         every[ids] = fed
         if self._step is None:
             self._step = BatchStep(self.model, self._kv)
+        # a row stepped before holds views of the step's output rows, which this run rewrites for every row below
+        # `span`: rows that this step passes over keep their outputs as copies of their own
+        stepped = {int(r) for r in ids}
+        for passed in self._aliased - stepped:
+            other = self._rows[passed] if passed < span else None
+            if other is not None:
+                other._detach_outputs()
+        self._aliased = stepped
         begin = time.perf_counter()
         outputs = self._step.run(every, lengths)
         seconds = time.perf_counter() - begin

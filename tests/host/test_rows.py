@@ -126,3 +126,16 @@ def test_a_row_holding_a_tree_is_neither_forked_nor_stepped(tmp_path: Path) -> N
 def test_several_rows_of_a_concat_cache_model_are_refused_by_name(optimum_model: Path) -> None:
     with pytest.raises(CapabilityError, match="concatenated KV cache"):
         Rows("target", load_model(optimum_model, threads=1), capacity=2)
+
+
+def test_a_row_passed_over_by_a_step_keeps_the_logits_of_its_own_last_step(batch_model: Path) -> None:
+    rows = Rows("target", load_model(batch_model, threads=1), capacity=2, max_length=16)
+    rows[0].forward([4, 5])
+    rows.fork(0)
+    rows.step([6, 7])
+    before = np.array(rows[0].logits())
+
+    rows.step([8], rows=[1])
+
+    np.testing.assert_array_equal(np.array(rows[0].logits()), before)
+    np.testing.assert_allclose(before[-1], expected_last(batch_model, [4, 5, 6]), atol=ATOL)
