@@ -12,8 +12,8 @@ already wires to the next layer (one is added where it is missing). The taps are
 into ``aux_hidden_states`` float[batch_size, sequence_length, hidden * len(layers)], and ``hidden_states``, the
 final norm's output (the lm_head's input), is added too when the graph lacks it.
 
-Weights are not touched: the graph is read without its external data and every other file is hard-linked (copied
-where the file system refuses). The layers are recorded in the ONNX metadata under :data:`TAP_LAYERS_KEY`.
+Weights are not touched: the graph is read without its external data and every other file is copied byte for
+byte. The layers are recorded in the ONNX metadata under :data:`TAP_LAYERS_KEY`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
-from decoctl.model.transform import GENAI_CONFIG, _link
+from decoctl.model.transform import GENAI_CONFIG
 
 __all__ = [
     "AUX_HIDDEN_STATES",
@@ -124,10 +124,16 @@ def enable_taps(src: str | Path, dst: str | Path, layers: Sequence[int] | None =
     except OSError as exc:
         raise ConfigError(f"cannot write under {target.parent} ({exc.strerror}): give a writable folder") from exc
     try:
+        # copied, not hard-linked: onnx refuses to read external data from a file with several links, which would
+        # lock the source model out of onnx's tools as well as the copy
         for entry in source.iterdir():
-            if entry.name != filename:
-                _link(entry, staging / entry.name)
-        # tensors stay external and unloaded, so save_model writes the graph only; the data files are linked
+            if entry.name == filename:
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, staging / entry.name)
+            else:
+                shutil.copy2(entry, staging / entry.name)
+        # tensors stay external and unloaded, so save_model writes the graph only; the data files were copied
         onnx.save_model(model, str(staging / filename))
         if target.exists():
             target.rmdir()

@@ -95,15 +95,22 @@ class Target:
     def _initializer(self, graph: Any, name: str, what: str) -> np.ndarray:
         from onnx import TensorProto, numpy_helper
 
-        # a weight stored in float16 and cast to float32 in the graph (decoctl's bundled models) reads as its source
-        cast = next((n for n in graph.node if n.op_type == "Cast" and list(n.output) == [name]), None)
-        if cast is not None:
-            name = cast.input[0]
+        # a weight stored in float16 and cast in the graph (decoctl's bundled models), or one table read transposed
+        # (a tied embedding: Gather over Transpose(lm_head), as decoctl's Gemma import writes it) reads as its source
+        producers = {output: n for n in graph.node for output in n.output}
+        transposed = False
+        node = producers.get(name)
+        while node is not None and (node.op_type == "Cast" or _is_2d_transpose(node)):
+            transposed ^= node.op_type == "Transpose"
+            name = node.input[0]
+            node = producers.get(name)
         for tensor in graph.initializer:
             if tensor.name == name:
                 if tensor.data_location == TensorProto.EXTERNAL:
-                    return _external(tensor, self.folder)
-                return np.asarray(numpy_helper.to_array(tensor), dtype=np.float32)
+                    table = _external(tensor, self.folder)
+                else:
+                    table = np.asarray(numpy_helper.to_array(tensor), dtype=np.float32)
+                return np.ascontiguousarray(table.T) if transposed else table
         raise ModelLoadError(
             f"{self.onnx_file}: {what} ({name}) is computed, not stored as a float initializer (a quantized model?): "
             "export the target in float32 or float16"
@@ -118,9 +125,14 @@ class Target:
         return np.ascontiguousarray(table)
 
 
+def _is_2d_transpose(node: Any) -> bool:
+    perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+    return node.op_type == "Transpose" and perm == [1, 0]
+
+
 def _external(tensor: Any, folder: Path) -> np.ndarray:
     """An initializer kept in an external data file, read straight from it as float32. onnx's own reader refuses
-    a data file with several hard links, which is how decoctl's transforms (enable-taps, the plain twin) share a
+    a data file with several hard links, which is how decoctl's plain twin (decoctl.model.plain_twin) shares a
     model's weights without copying them."""
     from onnx import helper
 

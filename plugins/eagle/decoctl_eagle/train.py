@@ -67,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--head-size", type=int, help="attention head size (default: the target's)")
     how.add_argument("--intermediate", type=int, metavar="N", help="the MLP's width (default: twice the hidden size)")
     how.add_argument("--label-topk", type=int, metavar="K", help="target tokens kept per position as the label (8)")
-    how.add_argument("--feature-dtype", choices=("float16", "float32"), help="how features are stored (float16)")
+    how.add_argument(
+        "--feature-dtype", choices=("bfloat16", "float16", "float32"), help="how features are stored (bfloat16)"
+    )
     how.add_argument("--feature-noise", type=float, help="uniform noise on the target's features (eagle1 0.1)")
     how.add_argument("--shard-tokens", type=int, metavar="N", help="tokens per feature shard (65536)")
     how.add_argument("--heldout-every", type=int, metavar="N", help="every N-th window is held out (20)")

@@ -5,7 +5,8 @@ Each window of tokens is run through the ONNX target by decoctl's own runtime (o
 
 - ``ids``: int32, the token;
 - ``features``: the head's input from the target (``aux_hidden_states``, the three taps, for EAGLE-3; the final
-  ``hidden_states`` for EAGLE-1), float16 by default;
+  ``hidden_states`` for EAGLE-1), bfloat16 by default (kept as uint16: numpy has no bfloat16), which has float32's
+  range: real models' residual streams pass float16's (Gemma 3's taps reach 1e5);
 - ``label_ids`` / ``label_logits``: the target's ``topk`` most likely next tokens and their logits (int32, float32),
   best first: the distribution the head learns (renormalised over them) and the target's greedy choice.
 
@@ -109,7 +110,7 @@ class FeatureStore:
         rows = slice(window.offset, window.offset + window.length)
         return (
             np.asarray(shard.ids[rows]),
-            np.asarray(shard.features[rows], np.float32),
+            _decoded(np.asarray(shard.features[rows]), self.meta["dtype"]),
             np.asarray(shard.label_ids[rows]),
             np.asarray(shard.label_logits[rows]),
         )
@@ -174,7 +175,8 @@ def _target_rows(target: Any, window: np.ndarray, meta: dict[str, Any]) -> tuple
     features = target.hidden_states(kind="aux" if meta["kind"] == "aux" else "final")
     if meta["dtype"] == "float16" and np.abs(features).max() > 60000:
         raise ConfigError(
-            "the target's features pass float16's range (above 60000): extract them with --feature-dtype float32"
+            "the target's features pass float16's range (above 60000): extract them with --feature-dtype bfloat16 (the "
+            "default) or float32"
         )
     topk = meta["topk"]
     top = np.argpartition(-logits, topk - 1, axis=1)[:, :topk]
@@ -182,10 +184,28 @@ def _target_rows(target: Any, window: np.ndarray, meta: dict[str, Any]) -> tuple
     order = np.argsort(-values, axis=1, kind="stable")
     return (
         np.asarray(window, np.int32),
-        np.asarray(features),
+        _encoded(np.asarray(features, np.float32), meta["dtype"]),
         np.take_along_axis(top, order, axis=1).astype(np.int32),
         np.take_along_axis(values, order, axis=1).astype(np.float32),
     )
+
+
+def _storage(dtype: str) -> np.dtype:
+    return np.dtype(np.uint16 if dtype == "bfloat16" else dtype)
+
+
+def _encoded(features: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 features as stored: bfloat16 as the upper half of each float32, rounded to nearest even."""
+    if dtype != "bfloat16":
+        return features.astype(dtype)
+    bits = np.ascontiguousarray(features, np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _decoded(stored: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype != "bfloat16":
+        return stored.astype(np.float32)
+    return (stored.astype(np.uint32) << 16).view(np.float32)
 
 
 class _ShardWriter:
@@ -206,7 +226,7 @@ class _ShardWriter:
         self.capacity = max(self.capacity, needed)
         shapes = {
             "ids": ((self.capacity,), np.int32),
-            "features": ((self.capacity, self.meta["width"]), np.dtype(self.meta["dtype"])),
+            "features": ((self.capacity, self.meta["width"]), _storage(self.meta["dtype"])),
             "label_ids": ((self.capacity, self.meta["topk"]), np.int32),
             "label_logits": ((self.capacity, self.meta["topk"]), np.float32),
         }

@@ -57,7 +57,7 @@ FIXED: dict[str, Any] = {
     "head_size": None,
     "intermediate": None,
     "label_topk": 8,
-    "feature_dtype": "float16",
+    "feature_dtype": "bfloat16",
     "feature_noise": None,
     "shard_tokens": 65536,
     "heldout_every": 20,
