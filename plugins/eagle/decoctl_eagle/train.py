@@ -107,8 +107,10 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise DecoctlError(f"--threads {args.threads} must be at least 1")
 
+    from tqdm import tqdm
+
     def say(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
+        tqdm.write(line, file=sys.stderr)  # above a progress bar, not through it
 
     result = train(args.target, args.out, given, resume=args.resume, say=say)
     metrics = result.metrics

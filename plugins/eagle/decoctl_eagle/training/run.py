@@ -176,7 +176,7 @@ def train(target: str, out: Path, given: Mapping[str, Any], *, resume: bool, say
         _stop_on_signals() as stopped,
         _bar(per_run["progress"], "training", total=planned, initial=min(planned, trainer.state["tokens"])) as advance,
     ):
-        reason = trainer.train(budget, stop=stopped, progress=lambda n, _stats: advance(n), on_eval=on_eval)
+        reason = trainer.train(budget, stop=stopped, progress=advance, on_eval=on_eval)
     metrics = trainer.state["evals"][-1]
     if stopped():
         reason = "interrupted"
@@ -400,9 +400,9 @@ def _lm_head(target: Target, arch: str) -> np.ndarray | None:
 
 
 @contextmanager
-def _bar(enabled: bool, what: str, *, total: int, initial: int = 0) -> Iterator[Callable[[int], None]]:
+def _bar(enabled: bool, what: str, *, total: int, initial: int = 0) -> Iterator[Callable[..., None]]:
     """A progress bar on stderr with tokens/s and the time left (tqdm; off with --no-progress or without a
-    terminal); yields ``advance(tokens)``."""
+    terminal); yields ``advance(tokens, stats=None)``, ``stats`` (the step's loss and top-1) shown beside it."""
     from tqdm import tqdm
 
     bar = tqdm(
@@ -416,8 +416,14 @@ def _bar(enabled: bool, what: str, *, total: int, initial: int = 0) -> Iterator[
         dynamic_ncols=True,
         smoothing=0.05,
     )
+
+    def advance(tokens: int, stats: Mapping[str, float] | None = None) -> None:
+        if stats:
+            bar.set_postfix({k: f"{v:.3f}" for k, v in stats.items()}, refresh=False)
+        bar.update(tokens)
+
     try:
-        yield bar.update
+        yield advance
     finally:
         bar.close()
 
