@@ -61,7 +61,10 @@ _ENDED = object()
 #: how a model gains each capability a controller may require
 CAPABILITY_FIXES = {
     "hidden_states": "export it with onnxruntime-genai's builder option include_hidden_states=1",
-    "aux_hidden_states": "export it with the builder options include_hidden_states=1 and aux_hidden_state_layers",
+    "aux_hidden_states": (
+        "export it with the builder options include_hidden_states=1 and aux_hidden_state_layers, or copy it with "
+        "`decoctl models enable-taps SRC DST`"
+    ),
     "logits_all_positions": "re-export it with logits for every position",
     "position_ids": "re-export it with a position_ids input",
     "tree": TREE_TRANSFORM_HINT,

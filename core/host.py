@@ -312,6 +312,7 @@ class Sequence:
                 f"role {self.role!r} (model {self.model.name}) has no {output} output: export it with "
                 "onnxruntime-genai's builder option include_hidden_states=1"
                 + (" and aux_hidden_state_layers" if kind == "aux" else "")
+                + ", or copy it with `decoctl models enable-taps SRC DST`, which adds both"
             )
         value = self._hidden if kind == "final" else self._aux
         if value is None:
