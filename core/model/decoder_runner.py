@@ -25,6 +25,8 @@ from decoctl.model.runner import Runner, RunOutputs, binding_calls
 
 __all__ = ["DecoderRunner"]
 
+#: a decoder graph's input for its own tokens' mask (decoder_attention_mask in transformers)
+DECODER_MASK = "attention_mask"
 #: the source length the encoder's and the cross-attention buffers are first allocated for (they double as needed)
 MIN_SOURCE = 64
 
@@ -83,6 +85,12 @@ class DecoderRunner(Runner):
         self._allocate(MIN_SOURCE)
         self._false = np.zeros(1, np.bool_)
         self._true = np.ones(1, np.bool_)
+        # the decoder's own mask over its past and new tokens, which a few exports take (optimum maps
+        # decoder_attention_mask to it): all ones, a slice of the runner's ones buffer
+        self._own_mask = (
+            DECODER_MASK in encoder.first_inputs,
+            DECODER_MASK in encoder.step_inputs,
+        )
 
     def _allocate(self, capacity: int) -> None:
         """Buffers for a source of up to ``capacity`` tokens: its ids and mask, the encoder's output and the
@@ -163,6 +171,8 @@ class DecoderRunner(Runner):
         first = self.kv.length == 0
         binding = self._first if first else self._step
         binding.bind(spec.input_ids_name, np.int64, (1, n), self._ids_pointer)
+        if self._own_mask[0 if first else 1]:
+            binding.bind(DECODER_MASK, np.int64, (1, self.kv.length + n), self._mask_pointer)
         if first and not self._parts.merged:
             self._self_kv.bind_present(binding.binding, n)
         else:
