@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from decoctl import ConfigError
+from decoctl import ConfigError, Sequence, load_model
 from decoctl_eagle.head_onnx import EAGLE3, write_head
 from decoctl_eagle.training.model import Head
 
@@ -69,9 +69,6 @@ def export_head(
 def check_against_torch(head: Head, folder: Path, *, feature_scale: float, seed: int = 0) -> dict[str, float]:
     """max |ONNX - torch| of logits (finite entries; the -inf ones must match) and hidden_states, in one pass and
     step by step, on random inputs; and the logits' largest magnitude (``logit_scale``)."""
-    from decoctl.host import Sequence
-    from decoctl.model import load_model
-
     dims = head.dims
     rng = np.random.default_rng(seed)
     n = 12

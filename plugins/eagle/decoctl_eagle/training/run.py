@@ -23,9 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from decoctl import ConfigError, PluginRegistry, resolve_model
+from decoctl import ConfigError, PluginRegistry, Sequence, load_model, resolve_model, tap_layers
 from decoctl.logs import get_logger
-from decoctl.model import load_model
 from decoctl_eagle.head_onnx import EAGLE1, EAGLE3, HeadDims
 from decoctl_eagle.target import Target, read_target
 from decoctl_eagle.training import data as text
@@ -128,8 +127,6 @@ def train(target: str, out: Path, given: Mapping[str, Any], *, resume: bool, say
         checkpoint_minutes=float(per_run["checkpoint_minutes"]),
     )
     cap = None if budget.max_tokens is None else int(budget.max_tokens)
-    from decoctl.host import Sequence
-
     sequence = Sequence("target", model, max_length=max(len(w) for w in windows) + 1)
     with _bar(per_run["progress"], "features", total=sum(len(w) for w in windows)) as advance:
         store.extract(
@@ -301,8 +298,6 @@ def _feature_kind(arch: str, target: Target, model: Any) -> tuple[str, int]:
 
 
 def _tap_layers(folder: Path, target: Target) -> tuple[int, ...]:
-    from decoctl.model.taps import tap_layers
-
     return tap_layers(folder) or target.aux_layers
 
 
