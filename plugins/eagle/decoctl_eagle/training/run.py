@@ -106,11 +106,11 @@ def train(target: str, out: Path, given: Mapping[str, Any], *, resume: bool, say
     kind, width = _feature_kind(settings["arch"], described, model)
     if not model.capabilities.logits_all_positions:
         raise ConfigError(f"target {target_name} returns the last position's logits only: export it with all of them")
+    embed = described.embeddings()  # the shared weights first: a target they cannot be read from fails at once
+    lm_head = _lm_head(described, settings["arch"])
     folder.mkdir(parents=True, exist_ok=True)
     (folder / RUN_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
 
-    embed = described.embeddings()  # the shared weights first: a target they cannot be read from fails at once
-    lm_head = _lm_head(described, settings["arch"])
     windows = _windows(settings, model, folder, threads, say)
     store = FeatureStore(
         folder / "features",
