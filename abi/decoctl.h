@@ -5,7 +5,7 @@
  * it provides. For each generation the host calls a controller's create() with a host table (decoctl_host): the
  * host's primitives as function pointers plus an opaque host_data. The controller drives the whole decode loop
  * through that table from step(); it never links against the host. abi/ABI.md explains the rules with a complete
- * example; examples/c_controller/ has two controllers and a Makefile.
+ * example; examples/c_controller/ has three controllers and a Makefile.
  *
  * Rules that hold for every declaration below:
  * - Every struct that crosses the boundary starts with `uint32_t struct_size` (sizeof as its writer compiled it)

@@ -249,12 +249,12 @@ def test_the_header_abi_md_and_the_host_state_one_abi_version() -> None:
     assert f"{ABI_MAJOR}.{ABI_MINOR}" == version
 
 
-def test_the_example_makefile_builds_both_libraries(tmp_path: Path) -> None:
+def test_the_example_makefile_builds_every_library(tmp_path: Path) -> None:
     done = subprocess.run(
         ["make", "-C", str(EXAMPLES), f"BUILD={tmp_path}", "CC=gcc"], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert {p.name for p in tmp_path.iterdir()} == {"libgreedy.so", "libprompt_lookup.so"}
+    assert {p.name for p in tmp_path.iterdir()} == {"libgreedy.so", "libprompt_lookup.so", "libbest_of_n.so"}
     assert "warning" not in done.stderr
 
 
