@@ -225,7 +225,7 @@ def test_rows_need_a_shared_buffer_model(optimum_model: Path, c_rows: Path, regi
         (0, SequenceError, r"fork\(0\) on role 'target': all 1 rows are live"),
         (1, SequenceError, r"release\(0\) on role 'target': row 0 is the role's own sequence"),
         (2, ConfigError, r"step_rows\(\): rows and tokens must not be NULL and n \(0\) at least 1"),
-        (3, SequenceError, r"role 'target' has no row 5"),
+        (3, SequenceError, r"parent 5 \(of row 0\) is not a live row"),
         (4, SequenceError, r"role 'target' has no row 5"),
         (5, SequenceError, r"output 3 does not exist"),
         (6, SequenceError, r"name a row twice"),
