@@ -13,8 +13,10 @@ next prompt is prefilled into it (continuous batching inside one process). Every
 gets alone: greedy token for token, sampling the same tokens for the same seed (each prompt draws from its own rng).
 
 Controllers declare that they can do this (``ControllerSpec.batched``); any other controller, or one that holds
-several rows per prompt (parallel samples, beams), or a processor chain that keeps state per sequence, or a model
-that holds one row runs the prompts one at a time, and each result's trace says why under "batched".
+several rows per prompt (parallel samples, beams), or a processor chain that keeps state per sequence runs the
+prompts one at a time, and each result's trace says why under "batched". On a model with a concatenated KV cache
+(Optimum's layout) every row keeps a cache of its own and a step is one Run per row; an encoder-decoder model's row
+runs its own encoder over its own prompt when the prompt is admitted (decoctl.rows).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import numpy as np
 from decoctl.controllers import RowController
 from decoctl.errors import ConfigError
 from decoctl.host import Host, Sequence
-from decoctl.model.loader import LoadedModel
 from decoctl.processing import ProcessorChain
 from decoctl.rows import Rows
 from decoctl.specs import ControllerSpec
@@ -131,10 +132,11 @@ def read_prompts(path: str | Path) -> list[BatchPrompt]:
 
 
 def one_at_a_time(
-    spec: ControllerSpec, options: dict[str, Any], roles: tuple[str, ...], chain: ProcessorChain, model: LoadedModel
+    spec: ControllerSpec, options: dict[str, Any], roles: tuple[str, ...], chain: ProcessorChain
 ) -> str | None:
-    """Why a batch with this controller, chain and target model must run its prompts one at a time (the trace's
-    "batched" entry), or None when its prompts can share the rows of one buffer."""
+    """Why a batch with this controller and chain must run its prompts one at a time (the trace's "batched"
+    entry), or None when its prompts can share the rows of one role (any target model: a model with a concatenated
+    KV cache steps them one Run per row)."""
     if not spec.batched:
         return f"one at a time: controller {spec.name} steps one row"
     if spec.rows(options) > 1:
@@ -144,8 +146,6 @@ def one_at_a_time(
     if chain.stateful:
         names = ", ".join(type(p).__name__ for p in chain.stateful)
         return f"one at a time: the logits chain holds state per sequence ({names})"
-    if not model.spec.share_buffer:
-        return f"one at a time: model {model.name} keeps a concatenated KV cache, which holds one row"
     return None
 
 

@@ -48,7 +48,7 @@ from decoctl.model.kv_cache import kv_dtype
 from decoctl.model.loader import LoadedModel, default_threads
 from decoctl.model.tokenizer import Tokenizer
 from decoctl.plugins import PluginRegistry
-from decoctl.rows import Rows
+from decoctl.rows import ONE_RUN_PER_ROW, Rows
 
 __all__ = [
     "BATCH_CONTENDERS",
@@ -203,12 +203,7 @@ class _Contenders:
         self.greedy = Generator({"target": model}, "greedy", threads=threads, registry=registry, huge_pages=huge)
         self.target = self.greedy.models["target"]
         self.beam: Generator | None = None
-        if "beam" in names and not self.target.spec.share_buffer:
-            self.skipped["beam"] = (
-                f"model {self.target.name} keeps a concatenated KV cache (Optimum layout), which holds one row: beam "
-                "search needs several (an onnxruntime-genai builder export)"
-            )
-        elif "beam" in names:
+        if "beam" in names:
             beam = {"num_beams": num_beams, "length_penalty": 0.0, "early_stopping": "true"}
             self.beam = Generator({"target": self.target}, "beam", options=beam, registry=registry)
         self.og_batch: OrtGenaiBatchContender | None = None
@@ -250,7 +245,7 @@ class _Contenders:
         results = self.greedy.generate_batch(texts, batch_size=batch, max_new_tokens=max_new_tokens, seed=0)
         seconds = time.perf_counter() - started
         how = str(results[0].stats.trace.get("batched", ""))
-        if how.startswith("one at a time"):
+        if how.startswith("one at a time") or ONE_RUN_PER_ROW in how:
             self.notes["greedy"] = how
         return BatchRun(outputs=tuple(r.tokens for r in results), seconds=seconds)
 
@@ -259,6 +254,8 @@ class _Contenders:
         assert self.beam is not None
         started = time.perf_counter()
         result = self.beam.generate(text, max_new_tokens=max_new_tokens, seed=0)
+        if "rows" in result.stats.trace:
+            self.notes["beam"] = f"beams stepped {result.stats.trace['rows']}"
         return BatchRun(outputs=(result.tokens,), seconds=time.perf_counter() - started)
 
 

@@ -154,10 +154,13 @@ class _Request:
     """One prompt of a batch, checked and encoded."""
 
     prompt: str
+    #: the decoder's prompt: the prompt's tokens, or an encoder-decoder target's start token
     ids: np.ndarray
     max_new_tokens: int
     stop: tuple[str, ...]
     seed: int | None
+    #: an encoder-decoder target's source (the prompt's tokens), which the prompt's row encodes; None otherwise
+    source: np.ndarray | None = None
 
 
 class Generator:
@@ -275,7 +278,7 @@ class Generator:
                     f"(model {target.name}, vocabulary {target.spec.vocab_size}) have different vocabularies: "
                     "every role must share the target's tokenizer"
                 )
-            _check_encoder_decoder(role, model, target, self.spec.name, self.spec.rows(self.options))
+            _check_encoder_decoder(role, model, target)
             needed = self.spec.active_capabilities(self.options).get(role, ())
             lacking = [c for c in needed if c not in model.capabilities.names()]
             if lacking:
@@ -449,15 +452,20 @@ class Generator:
             ids = np.asarray(tokenizer.encode(item.prompt), np.int64)
             if ids.size == 0:
                 raise ConfigError(f"prompt {index} is empty and the model adds no BOS token: give some prompt text")
-            requests.append(_Request(item.prompt, ids, limit, stops, own_seed))
+            source = None
+            if self.models["target"].encoder is not None:
+                try:
+                    source, ids = ids, self._decoder_prompt(ids)
+                except ConfigError as exc:
+                    raise ConfigError(f"prompt {index}: {exc}") from None
+            requests.append(_Request(item.prompt, ids, limit, stops, own_seed, source))
         if not requests:
             return
         self._acquire()
         try:
             if self._active is not None:
                 self._unfinished(self._active, "superseded", None)
-            target = self.models["target"]
-            reason = one_at_a_time(self.spec, self.options, self.roles, self.chain, target)
+            reason = one_at_a_time(self.spec, self.options, self.roles, self.chain)
             if reason is None:
                 yield from self._batched(requests, min(int(batch_size), len(requests)))
                 return
@@ -484,7 +492,8 @@ class Generator:
                     f"prompt {index} has {len(request.ids)} tokens, which fills the target's {rows[0].max_length} "
                     "positions: shorten it"
                 )
-        trace = f"{size} row{'s' if size > 1 else ''} in one buffer, refilled as prompts finish"
+        held = "in one buffer" if rows.batched else f"stepped {rows.stepping}"
+        trace = f"{size} row{'s' if size > 1 else ''} {held}, refilled as prompts finish"
         running: dict[int, BatchSlot] = {}
 
         def admit(index: int, row: int, sequence: Sequence) -> BatchSlot:
@@ -537,6 +546,8 @@ class Generator:
         output = Output(rules, model.tokenizer.detokenizer(), on_commit if observe else None)
         host = Host({"target": sequence}, output, prompt=request.ids, chain=self.chain, seed=request.seed)
         host.prefill_chunk = self.prefill_chunk
+        if request.source is not None:
+            host.source_tokens = request.source
         controller = self._make_controller()
         if not isinstance(controller, RowController):
             raise ControllerError(
@@ -548,6 +559,8 @@ class Generator:
             prompt=request.prompt, controller=self.spec.name, roles={r: m.name for r, m in self.models.items()}
         )
         sequence.stats = type(sequence.stats)()
+        if request.source is not None:  # an encoder-decoder row runs its own encoder over its own prompt
+            sequence.encode(request.source)
         sequence.prefill(request.ids, self.prefill_chunk)
         run.prefill_seconds = time.perf_counter() - started
         controller.start(host)
@@ -768,17 +781,10 @@ class Generator:
         return self.last
 
 
-def _check_encoder_decoder(role: str, model: LoadedModel, target: LoadedModel, controller: str, rows: int) -> None:
+def _check_encoder_decoder(role: str, model: LoadedModel, target: LoadedModel) -> None:
     """A role beside an encoder-decoder target reads the same source and continues the same decoder prompt: it must
     be an encoder-decoder model starting from the target's decoder start token (and a decoder-only target takes
-    decoder-only roles). An encoder-decoder role holds one row (``rows``: what the controller asks for)."""
-    if rows > 1 and model.encoder is not None:
-        raise CapabilityError(
-            f"controller {controller!r} needs {rows} rows of role {role!r}, but model {model.name} is an "
-            "encoder-decoder model, whose decoder decoctl runs one row at a time (its self-attention KV is "
-            "concatenated, Optimum's layout): beam search and several samples of one prompt are not supported on "
-            "encoder-decoder models; use greedy, sample (n=1), the logits chain or speculative decoding with it"
-        )
+    decoder-only roles)."""
     if (model.encoder is None) != (target.encoder is None):
         kind = {True: "a decoder-only model", False: "an encoder-decoder model"}
         raise ConfigError(

@@ -536,6 +536,18 @@ class Sequence:
         self._tokens[: len(tokens)] = tokens
         self._invalidate()
 
+    def _copy_row(self, source: Sequence) -> None:
+        """This row keeps a cache of its own (a concatenated-cache model) and takes a copy of ``source``'s: its KV,
+        and an encoder-decoder row's encoder output and cross-attention KV; its tokens too (fork)."""
+        self._runner.copy_from(source._runner)
+        self._adopt_tokens(source.tokens)
+
+    def _take_runner(self, runner: Runner, tokens: np.ndarray) -> None:
+        """This row continues another row of a concatenated-cache model (reorder): it takes that row's runner (its
+        cache) and ``tokens``, its tokens from before the reorder."""
+        self._runner = runner
+        self._adopt_tokens(tokens)
+
     def _detach_outputs(self) -> None:
         """Keep this row's outputs in arrays of its own: the batched step's buffer they view is about to be
         rewritten by a step that passes over this row."""
@@ -645,11 +657,14 @@ class Host:
 
     def rows(self, name: str = "target") -> Rows:
         """The rows of role ``name`` (decoctl.rows): row 0 is ``host[name]``; fork, reorder, release and a batched
-        one-token step. How many rows a role holds is the controller's ``rows_for`` (ControllerSpec)."""
+        one-token step. How many rows a role holds is the controller's ``rows_for`` (ControllerSpec). Where the
+        model steps its rows one Run per row (a concatenated KV cache), the trace says so under "rows"."""
         self.role(name)
         found = self._rows.get(name)
         if found is None:
             raise CapabilityError(f"role {name!r} holds one sequence in this host: it has no rows to fork")
+        if found.capacity > 1 and not found.batched:
+            self.trace["rows"] = found.stepping
         return found
 
     # -- completions: several outputs of one prompt (beams, parallel samples) ------------------------------

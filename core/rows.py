@@ -9,10 +9,16 @@ rows[r].forward(tokens)           # any single-sequence primitive on one row (tr
 
 Each row is a Sequence of its own over its slice of the role's batched KV buffer (decoctl.model.kv_rows), so
 every single-sequence primitive works per row unchanged, multi-token forwards included (they run one row at a
-time: GroupQueryAttention refuses them at batch > 1). Only the one-token step is batched. Rows need a
-shared-buffer (onnxruntime-genai layout) model; a concat-cache model holds one row.
+time: GroupQueryAttention refuses them at batch > 1). Only the one-token step is batched.
 
-The buffer is allocated whole when the rows are made, and only if it fits in the memory the system has available
+On a model with a concatenated KV cache (Optimum's layout, encoder-decoder models included) each row is a Sequence
+with a cache of its own: fork copies the row's KV (and an encoder-decoder row's encoder output and cross-attention
+KV: the encoder never runs again), reorder hands the rows' caches round and copies only those that several rows
+continue, and step runs each row's one-token forward in turn, one onnxruntime Run per row (``batched`` is False;
+``stepping`` says so in a trace). The logits are those of the batched step; only the Runs are more.
+
+The buffer is allocated whole when the rows are made (a concatenated-cache model's rows get their caches as they
+are forked, the room for all of them checked at once), and only if it fits in the memory the system has available
 now (MemAvailable): a batch or a beam width that does not fit is a ConfigError naming how many rows would, instead
 of an allocation that succeeds lazily and gets the process killed half-way through a generation.
 """
@@ -25,16 +31,19 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from decoctl.errors import CapabilityError, ConfigError, SequenceError
+from decoctl.errors import ConfigError, SequenceError
 from decoctl.host import Sequence
 from decoctl.model import kv_rows
 from decoctl.model.batch_step import BatchStep
-from decoctl.model.kv_cache import kv_dtype
+from decoctl.model.kv_cache import ConcatKVCache, kv_dtype
 from decoctl.model.kv_rows import SharedKVRows
 from decoctl.model.loader import LoadedModel
 from decoctl.model.runner import RunOutputs
 
-__all__ = ["Rows"]
+__all__ = ["ONE_RUN_PER_ROW", "Rows"]
+
+#: how rows of a model with a concatenated KV cache step (Rows.stepping), for traces
+ONE_RUN_PER_ROW = "one Run per row (concatenated KV cache)"
 
 
 class Rows:
@@ -45,20 +54,18 @@ class Rows:
         self, role: str, model: LoadedModel, *, capacity: int, max_length: int | None = None, debug: bool | None = None
     ) -> None:
         spec = model.spec
-        if capacity > 1 and not spec.share_buffer:
-            raise CapabilityError(
-                f"role {role!r} needs {capacity} rows, but model {model.name} keeps a concatenated KV cache "
-                "(Optimum layout), which decoctl runs one row at a time: use an onnxruntime-genai builder export "
-                "(GroupQueryAttention with a shared buffer) for several rows"
-            )
         length = min(max_length or spec.max_length, spec.context_length)
         self.role = role
         self.model = model
         self.capacity = capacity
         dtype = kv_dtype(model.session, spec)
         if capacity > 1:
-            _check_memory(role, model, capacity, SharedKVRows.row_bytes(spec, dtype, length), length)
-        self._kv = SharedKVRows(spec, dtype, length, capacity) if capacity > 1 else None
+            cache = SharedKVRows if spec.share_buffer else ConcatKVCache
+            _check_memory(role, model, capacity, cache.row_bytes(spec, dtype, length), length)
+        #: the batched buffer of a shared-buffer model's rows; None where each row keeps a cache of its own
+        self._kv = SharedKVRows(spec, dtype, length, capacity) if capacity > 1 and spec.share_buffer else None
+        #: the positions of each row's cache (None for a single row: the sequence's own default, as before rows)
+        self._length = length if capacity > 1 else None
         self._debug = debug
         self._rows: list[Sequence | None] = [self._new_row(0)] + [None] * (capacity - 1)
         self._step: BatchStep | None = None
@@ -67,8 +74,7 @@ class Rows:
 
     def _new_row(self, row: int) -> Sequence:
         kv = None if self._kv is None else self._kv.caches[row]
-        length = None if self._kv is None else self._kv.max_length
-        return Sequence(self.role, self.model, max_length=length, debug=self._debug, kv=kv)
+        return Sequence(self.role, self.model, max_length=self._length, debug=self._debug, kv=kv)
 
     # -- queries ------------------------------------------------------------------------------------------
     def __getitem__(self, row: int) -> Sequence:
@@ -91,20 +97,34 @@ class Rows:
         """The live row ids, in increasing order."""
         return tuple(i for i, r in enumerate(self._rows) if r is not None)
 
+    @property
+    def batched(self) -> bool:
+        """Whether step() feeds every row it is given in one onnxruntime Run (a shared-buffer model), rather than
+        one Run per row (a model with a concatenated KV cache, where each row keeps a cache of its own)."""
+        return self.model.spec.share_buffer
+
+    @property
+    def stepping(self) -> str:
+        """How step() runs, in words for a trace ("one Run per row (concatenated KV cache)")."""
+        return "one Run for every row (shared KV buffer)" if self.batched else ONE_RUN_PER_ROW
+
     # -- primitives -----------------------------------------------------------------------------------------
     def fork(self, row: int = 0) -> int:
         """A new row holding row ``row``'s tokens and KV cache (copied); returns its id."""
         source = self[row]
         free = next((i for i, r in enumerate(self._rows) if r is None), None)
-        if free is None or self._kv is None:
+        if free is None:
             raise SequenceError(
                 f"fork({row}) on role {self.role!r}: all {self.capacity} rows are live; release one first, or ask "
                 "for more rows (the controller's rows option sizes the buffer)"
             )
         source._check_settled(f"fork({row})")
         sequence = self._new_row(free)
-        self._kv.copy_row(row, free)
-        sequence._adopt_tokens(source.tokens)
+        if self._kv is None:
+            sequence._copy_row(source)
+        else:
+            self._kv.copy_row(row, free)
+            sequence._adopt_tokens(source.tokens)
         self._rows[free] = sequence
         return free
 
@@ -140,17 +160,40 @@ class Rows:
         rows = [self[i] for i in range(len(order))]
         for sequence in (*sources, *rows):
             sequence._check_settled("reorder()")
-        if self._kv is None:
-            return  # one row: reorder([0]) is the only valid call
         tokens = [source.tokens.copy() for source in sources]
+        if self._kv is None:
+            self._hand_round(order.tolist(), tokens)
+            return
         self._kv.gather_rows(order)
         for sequence, kept in zip(rows, tokens, strict=True):
             sequence._adopt_tokens(kept)
 
+    def _hand_round(self, parents: list[int], tokens: list[np.ndarray]) -> None:
+        """reorder() where each row keeps a cache of its own, by handing runners round: a parent among rows 0..k-1
+        hands its runner to one row that continues it (itself, where it continues itself); every other row takes the
+        runner of a row among 0..k-1 that no row continues, and a copy of its parent's state. A runner handed on or
+        copied from is never written, so each row gets its parent's state from before the call."""
+        k = len(parents)
+        runners = {row: self[row]._runner for row in {*parents, *range(k)}}
+        given = {i: runners[i] for i, parent in enumerate(parents) if parent == i}
+        moved = set(given)
+        for i, parent in enumerate(parents):
+            if i not in given and parent < k and parent not in moved:
+                given[i] = runners[parent]
+                moved.add(parent)
+        spare = [runners[row] for row in range(k) if row not in parents]
+        for i, parent in enumerate(parents):
+            if i not in given:
+                given[i] = spare.pop()
+                given[i].copy_from(runners[parent])
+        for i, kept in enumerate(tokens):
+            self[i]._take_runner(given[i], kept)
+
     def step(self, tokens: Seq[int] | np.ndarray, rows: Seq[int] | None = None) -> np.ndarray:
-        """Feed ``tokens[i]`` to row ``rows[i]`` (default: every live row in id order) in one onnxruntime Run;
-        return float32[k, vocab], row i predicting the token after tokens[i] (host-owned; each row's slice is
-        also that row's ``logits()`` until its next forward or rewind)."""
+        """Feed ``tokens[i]`` to row ``rows[i]`` (default: every live row in id order) in one onnxruntime Run (one
+        Run per row, in that order, where ``batched`` is False); return float32[k, vocab], row i predicting the token
+        after tokens[i] (host-owned; each row's slice is also, by value, that row's ``logits()`` until its next
+        forward or rewind)."""
         ids = np.asarray(self.ids if rows is None else rows, dtype=np.int64).reshape(-1)
         fed = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if len(ids) != len(fed):
@@ -165,8 +208,10 @@ class Rows:
                     f"step(): token {int(token)} for row {int(row)} is outside the vocabulary 0..{vocab - 1}"
                 )
             sequence._check_steppable(int(row))
-        if self._kv is None:  # one row: the row's own one-token forward
+        if len(sequences) == 1 and self._kv is None:  # one row: the row's own one-token forward
             return np.asarray(sequences[0].forward((int(fed[0]),)))
+        if self._kv is None:  # each row keeps a cache of its own: one Run per row
+            return np.concatenate([np.asarray(s.forward((int(t),))) for s, t in zip(sequences, fed, strict=True)])
         span = int(ids.max()) + 1
         lengths = np.array([self._kv.caches[r].length for r in range(span)], np.int64)
         every = np.zeros(span, np.int64)

@@ -54,6 +54,21 @@ def test_batched_greedy_gives_every_prompt_its_tokens_alone(
     assert all(r.stats.trace["batched"].startswith(f"{rows} row") for r in results)
 
 
+@pytest.mark.parametrize("controller", ["greedy", "sample"])
+def test_batched_prompts_on_a_concatenated_cache_model_step_one_run_per_row(
+    optimum_model: Path, registry: PluginRegistry, controller: str
+) -> None:
+    generator = Generator({"target": optimum_model}, controller, registry=registry)
+    expected = alone(generator, PROMPTS, seed=3)
+
+    results = generator.generate_batch(PROMPTS, batch_size=3, max_new_tokens=MAX_NEW_TOKENS, seed=3)
+
+    assert [(r.tokens, r.stats.stop_reason) for r in results] == expected
+    assert {r.stats.trace["batched"] for r in results} == {
+        "3 rows stepped one Run per row (concatenated KV cache), refilled as prompts finish"
+    }
+
+
 def test_batched_prompts_step_their_rows_in_one_run(
     genai_model: Path, registry: PluginRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -128,12 +128,14 @@ def test_onnxruntime_genai_contenders_are_skipped_when_it_is_not_installed(
     assert "pip install 'decoctl[ort-genai]'" in data["skipped"]["ort-genai"]
 
 
-def test_a_concat_cache_model_runs_its_batch_one_prompt_at_a_time_and_skips_the_rest(
+def test_a_concat_cache_model_steps_its_rows_one_run_per_row_and_skips_onnxruntime_genai(
     optimum_model: Path, prompts: Path, tmp_path: Path
 ) -> None:
     data = batch_json(optimum_model, prompts, tmp_path, "--contenders", "greedy,beam,ort-genai")
 
     assert {r["name"] for r in data["results"]} == {"greedy"}
-    assert data["notes"]["greedy"].startswith("one at a time")
-    assert set(data["skipped"]) == {"beam", "ort-genai", "fork"}
-    assert data["fork"] is None
+    assert {r["name"] for r in data["beam"]} == {"beam"}
+    assert "stepped one Run per row (concatenated KV cache)" in data["notes"]["greedy"]
+    assert data["notes"]["beam"] == "beams stepped one Run per row (concatenated KV cache)"
+    assert set(data["skipped"]) == {"ort-genai"}
+    assert data["fork"]["prefix_tokens"] > 0

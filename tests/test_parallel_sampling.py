@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from decoctl import CapabilityError, ConfigError, GenerationError, Generator
+from decoctl import ConfigError, GenerationError, Generator
 from decoctl.cli import main
 from decoctl.controllers import sample_from_logits
 from decoctl.host import Sequence
@@ -220,9 +220,16 @@ def test_a_chain_with_state_per_sequence_is_refused_with_several_samples(
         generator.generate(PROMPT, max_new_tokens=4)
 
 
-def test_several_samples_need_a_shared_buffer_model(optimum_model: Path, registry: PluginRegistry) -> None:
-    with pytest.raises(CapabilityError, match="concatenated KV cache"):
-        samples(optimum_model, registry, n=2).generate(PROMPT, max_new_tokens=4)
+def test_several_samples_on_a_concatenated_cache_model_step_one_run_per_row(
+    optimum_model: Path, genai_model: Path, registry: PluginRegistry
+) -> None:
+    alone = samples(optimum_model, registry).generate(PROMPT, max_new_tokens=12, seed=4)
+    many = samples(optimum_model, registry, n=3).generate(PROMPT, max_new_tokens=12, seed=4)
+
+    assert many.completions[0].tokens == alone.tokens
+    assert len({c.tokens for c in many.completions}) == 3
+    assert many.stats.trace["rows"] == "one Run per row (concatenated KV cache)"
+    assert "rows" not in samples(genai_model, registry, n=3).generate(PROMPT, max_new_tokens=2).stats.trace
 
 
 def test_the_command_line_prints_every_sample_numbered(

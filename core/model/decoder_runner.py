@@ -8,6 +8,10 @@ decoder's no-past branch): it reads the encoder's output and writes the cross-at
 Every later forward runs the stepping decoder (decoder_with_past_model.onnx, or the merged decoder's with-past
 branch) with those buffers bound as its ``past_key_values.N.encoder.*`` inputs: bound once per source, never
 copied. The self-attention KV is the ConcatKVCache every Optimum model has, so rewind and keep work unchanged.
+
+Several rows of one role (decoctl.rows: beams, parallel samples, batched prompts) are runners of their own:
+``copy_from`` gives a forked row the other row's self-attention KV, and its encoder output and cross-attention KV
+where it does not hold them already (the same source: copied once, the encoder never run again).
 """
 
 from __future__ import annotations
@@ -81,6 +85,10 @@ class DecoderRunner(Runner):
             for layer in range(spec.num_layers)
         ]
         self.source_length = 0
+        #: what identifies the source encoded last (a new object per encode, shared by the runners copied from this
+        #: one), and whether the cross-attention KV of that source is in this runner's buffers yet
+        self._source_key: object | None = None
+        self._cross_ready = False
         self._capacity = 0
         self._allocate(MIN_SOURCE)
         self._false = np.zeros(1, np.bool_)
@@ -127,9 +135,18 @@ class DecoderRunner(Runner):
         run.bind(parts.encoder_mask_name, np.int64, (1, n), mask)
         run.bind(parts.encoder_output_name, self._hidden_type, (1, n, width), encoded, output=True)
         run.run()
-        self.source_length = n
         self.kv.truncate(0)
-        # what the decoders read of the source, bound once for every pass until the next encode
+        self._source_key = object()
+        self._cross_ready = False
+        self._bind_source(n)
+
+    def _bind_source(self, n: int) -> None:
+        """Bind what the decoders read of a source of ``n`` tokens (its mask, the encoder's output, the cross-attention
+        KV buffers), once for every pass until the next encode or copy."""
+        parts, encoder = self._parts, self._encoder
+        self.source_length = n
+        mask, encoded = self._source_mask.ctypes.data, self._encoded.ctypes.data
+        width = encoder.hidden_size
         for binding, takes in ((self._first, encoder.first_inputs), (self._step, encoder.step_inputs)):
             if parts.mask_input_name in takes:
                 binding.bind(parts.mask_input_name, np.int64, (1, n), mask)
@@ -186,4 +203,29 @@ class DecoderRunner(Runner):
         if self._narrow:
             self._widen(rows, n)
         self.kv.advance(n)
+        self._cross_ready = True
         return RunOutputs(logits, None, None)
+
+    def copy_from(self, other: Runner) -> None:
+        """Hold a copy of ``other``'s decoder state (a runner of the same model; ``other`` unchanged): its
+        self-attention KV, and its source's encoder output and cross-attention KV unless this runner holds them
+        already (copied from the same encode). The encoder does not run."""
+        if not isinstance(other, DecoderRunner):
+            raise CapabilityError(f"copy_from() on model {self.model.name}: the other runner has no encoder")
+        super().copy_from(other)
+        n = other.source_length
+        if n == 0:  # nothing encoded there: a forward raises until an encode, as on a new runner
+            self.source_length, self._source_key, self._cross_ready = 0, None, False
+            return
+        if self._source_key is not other._source_key:
+            if self._capacity < n:
+                self._allocate(other._capacity)
+            self._encoded[0, :n] = other._encoded[0, :n]
+            self._source_key, self._cross_ready = other._source_key, False
+            self._bind_source(n)
+        if other._cross_ready and not self._cross_ready:
+            size = self._encoder.cross_heads * n * self._encoder.cross_head_size
+            for mine, theirs in zip(self._cross, other._cross, strict=True):
+                for target, source in zip(mine, theirs, strict=True):
+                    target[:size] = source[:size]
+            self._cross_ready = True

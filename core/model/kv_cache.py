@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from decoctl.errors import ModelLoadError
+from decoctl.errors import ModelLoadError, SequenceError
 from decoctl.model.spec import ModelSpec
 
 __all__ = [
@@ -225,6 +225,26 @@ class ConcatKVCache(KVCache):
             for layer in range(spec.num_layers)
             for past, present in zip(spec.past_names(layer), spec.present_names(layer), strict=True)
         ]
+
+    @staticmethod
+    def row_bytes(spec: ModelSpec, dtype: np.dtype[Any], max_length: int) -> int:
+        """Bytes one cache of ``max_length`` positions takes: a past and a present buffer for every layer's key and
+        value."""
+        return 4 * spec.num_layers * spec.num_kv_heads * max_length * spec.head_size * np.dtype(dtype).itemsize
+
+    def copy_from(self, other: ConcatKVCache) -> None:
+        """Hold a copy of ``other``'s valid positions (``other`` unchanged): a row forked from another row of a
+        concatenated-cache model, where every row keeps a cache of its own (decoctl.rows)."""
+        if other.length > self.max_length or other.dtype != self.dtype or other._row != self._row:
+            raise SequenceError(
+                f"a KV cache of {self.max_length} positions ({dtype_name(self.dtype)}, {self._row} per position) "
+                f"cannot take a copy of one holding {other.length} ({dtype_name(other.dtype)}, {other._row}): copy "
+                "between the rows of one model"
+            )
+        size = self._row * other.length
+        for mine, theirs in zip(self._past, other._past, strict=True):
+            mine[:size] = theirs[:size]
+        self.length = other.length
 
     def _view(self, flat: np.ndarray, length: int) -> np.ndarray:
         heads, head = self.spec.num_kv_heads, self.spec.head_size

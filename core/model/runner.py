@@ -10,9 +10,10 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 
-from decoctl.errors import ModelLoadError, SequenceError
+from decoctl.errors import CapabilityError, ModelLoadError, SequenceError
 from decoctl.logs import get_logger
 from decoctl.model.kv_cache import (
+    ConcatKVCache,
     KVCache,
     SharedKVCache,
     binding_type,
@@ -400,6 +401,19 @@ class Runner:
 
     def truncate(self, length: int) -> None:
         self.kv.truncate(length)
+
+    def copy_from(self, other: Runner) -> None:
+        """Hold a copy of ``other``'s KV cache (a runner of the same model; ``other`` unchanged): a row forked from
+        another row of a concatenated-cache model, each row a runner of its own (decoctl.rows). Shared-buffer rows
+        copy inside their batched buffer instead (decoctl.model.kv_rows)."""
+        mine, theirs = self.kv, other.kv
+        if not isinstance(mine, ConcatKVCache) or not isinstance(theirs, ConcatKVCache):
+            raise CapabilityError(
+                f"copy_from() on model {self.model.name}: only concatenated KV caches are copied from runner to "
+                "runner; shared-buffer rows copy inside their batched buffer (decoctl.model.kv_rows)"
+            )
+        mine.copy_from(theirs)
+        self._one = None
 
     def gather(self, positions: np.ndarray, start: int) -> None:
         self.kv.gather(positions, start)

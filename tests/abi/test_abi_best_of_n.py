@@ -14,7 +14,6 @@ import pytest
 
 from decoctl import (
     AbiError,
-    CapabilityError,
     ConfigError,
     ControllerSpec,
     GenerationError,
@@ -238,18 +237,20 @@ def test_rows_for_sizes_the_rows_from_the_option_n(best_of_n: Path) -> None:
         spec.rows({"n": 65})
 
 
-def test_a_stateful_chain_or_a_concat_cache_model_is_refused_clearly(
-    genai_model: Path, optimum_model: Path, best_of_n: Path
-) -> None:
+def test_a_stateful_chain_is_refused_clearly(genai_model: Path, best_of_n: Path) -> None:
     registry = plugins()
     with pytest.raises(GenerationError) as caught:
         generate(genai_model, str(best_of_n), registry, 4, options={"n": 2}, processors="remembers_ends")
     assert isinstance(caught.value.__cause__, ConfigError)
     assert "holds state per sequence (RemembersEnds)" in str(caught.value.__cause__)
-    with pytest.raises((CapabilityError, GenerationError), match="keeps a concatenated KV cache"):
-        generate(optimum_model, str(best_of_n), registry, 4, options={"n": 2})
-    # one row needs no shared buffer: n=1 is greedy on any model
-    alone = generate(optimum_model, str(best_of_n), registry, 8, options={"n": 1})
+
+
+def test_a_concat_cache_model_steps_its_rows_one_run_per_row(optimum_model: Path, best_of_n: Path) -> None:
+    registry = plugins()
+    result = generate(optimum_model, str(best_of_n), registry, 8, options={"n": 3})
+    check_against_the_references(result, optimum_model, registry, 3, 8, None)
+    assert result.stats.trace["rows"] == "one Run per row (concatenated KV cache)"
+    alone = generate(optimum_model, str(best_of_n), registry, 8, options={"n": 1})  # n=1 is greedy on any model
     assert alone.tokens == generate(optimum_model, "greedy", registry, 8).tokens
 
 

@@ -17,7 +17,6 @@ import pytest
 
 from decoctl import (
     AbiError,
-    CapabilityError,
     ConfigError,
     ControllerSpec,
     GenerationError,
@@ -214,9 +213,19 @@ def test_a_c_beam_search_equals_the_same_search_on_pythons_rows(beams: int, gena
     assert len({c.tokens for c in result.completions}) > 1  # the beams differ: reorder really moved rows
 
 
-def test_rows_need_a_shared_buffer_model(optimum_model: Path, c_rows: Path, registry: PluginRegistry) -> None:
-    with pytest.raises((CapabilityError, GenerationError), match="keeps a concatenated KV cache"):
-        generate(optimum_model, f"{c_rows}:parallel_greedy", registry, n=4)
+def test_c_rows_of_a_concatenated_cache_model_step_one_run_per_row(optimum_model: Path, c_rows: Path) -> None:
+    """An Optimum-layout model's rows are caches of their own, stepped one Run per row: the same C controllers give
+    what they give on a shared buffer (greedy in every row; the beams of the Python twin)."""
+    registry = PluginRegistry(autoload=False)
+    registry.register(PyBeamPlugin(), "py-beam")
+    greedy = generate(optimum_model, "greedy", registry, n=10)
+    parallel = generate(optimum_model, f"{c_rows}:parallel_greedy", registry, n=10, options={"rows": 3})
+    assert [c.tokens for c in parallel.completions] == [greedy.tokens] * 3
+    assert parallel.stats.trace["rows"] == "one Run per row (concatenated KV cache)"
+    expected = generate(optimum_model, "py_beam", registry, n=10, options={"beams": 3})
+    result = generate(optimum_model, f"{c_rows}:beam", registry, n=10, options={"beams": 3})
+    assert [c.tokens for c in result.completions] == [c.tokens for c in expected.completions]
+    assert [c.score for c in result.completions] == pytest.approx([c.score for c in expected.completions], rel=1e-9)
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,8 @@ from builder_models import Export
 
 from decoctl import ConfigError, Generator
 from decoctl.cli import main
-from decoctl.errors import CapabilityError, GenerationError
 from decoctl.plugins import PluginRegistry
+from decoctl.testing import build_genai_model
 
 PROMPTS = ("def fibonacci(n):", "x", "class Stack:", "import os")
 MAX_NEW = 12
@@ -228,9 +228,22 @@ def test_several_sequences_through_a_chain_that_keeps_state_equal_transformers(
         assert [list(c.tokens) for c in result.completions] == [tokens for tokens, _ in expected], prompt
 
 
-def test_beams_on_a_concatenated_cache_model_are_refused(optimum_model: Path, registry: PluginRegistry) -> None:
-    with pytest.raises(CapabilityError, match="needs 3 rows"):
-        beam(optimum_model, registry, num_beams=3).generate("x", max_new_tokens=2)
+def test_beams_on_a_concatenated_cache_model_equal_those_on_its_shared_buffer_twin(
+    optimum_model: Path, registry: PluginRegistry, tmp_path: Path
+) -> None:
+    """The Optimum test model and a builder-layout model of the same seed and sizes compute the same function
+    (decoctl.testing): the same searches, one Run per row on the first, one Run per step on the second."""
+    twin = build_genai_model(tmp_path, seed=3, num_kv_heads=4)
+    options = {"num_beams": 3, "num_return_sequences": 2, "length_penalty": 1.0}
+    for prompt in PROMPTS:
+        expected = beam(twin, registry, **options).generate(prompt, max_new_tokens=MAX_NEW)
+        result = beam(optimum_model, registry, **options).generate(prompt, max_new_tokens=MAX_NEW)
+        assert [c.tokens for c in result.completions] == [c.tokens for c in expected.completions], prompt
+        assert [c.score for c in result.completions] == pytest.approx(
+            [c.score for c in expected.completions], abs=SCORE_TOLERANCE
+        )
+        assert result.stats.trace["rows"] == "one Run per row (concatenated KV cache)"
+        assert "rows" not in expected.stats.trace
 
 
 def test_the_cli_prints_every_returned_sequence_numbered(

@@ -120,18 +120,6 @@ def test_controllers_that_need_what_the_decoder_lacks_are_refused(
     assert capability in str(error) or "hidden_states" in str(error)
 
 
-@pytest.mark.parametrize(("controller", "options"), [("beam", {"num_beams": 2}), ("sample", {"n": 2})])
-def test_several_rows_are_refused_naming_the_controller(
-    seq2seq: Any, plugins: PluginRegistry, controller: str, options: dict[str, Any]
-) -> None:
-    if controller not in plugins.controllers():
-        pytest.skip(f"no {controller} controller in this checkout")
-    with pytest.raises(CapabilityError, match=f"{controller}.*encoder-decoder"):
-        Generator({"target": str(seq2seq.folder("t5"))}, controller, options=options, registry=plugins).generate(
-            PROMPTS[0], max_new_tokens=4
-        )
-
-
 def test_a_decoder_only_draft_is_refused(seq2seq: Any, plugins: PluginRegistry, tmp_path: Path) -> None:
     draft = build_optimum_model(tmp_path / "draft", seed=1, vocab=384)
     with pytest.raises(ConfigError, match="decoder-only model but the target"):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decoctl import CapabilityError, SequenceError
+from decoctl import SequenceError
 from decoctl.model import load_model
 from decoctl.rows import Rows
 from decoctl.testing import build_genai_model, reference_logits
@@ -121,11 +121,6 @@ def test_a_row_holding_a_tree_is_neither_forked_nor_stepped(tmp_path: Path) -> N
         rows.fork(0)
     with pytest.raises(SequenceError, match="keep"):
         rows.step([5])
-
-
-def test_several_rows_of_a_concat_cache_model_are_refused_by_name(optimum_model: Path) -> None:
-    with pytest.raises(CapabilityError, match="concatenated KV cache"):
-        Rows("target", load_model(optimum_model, threads=1), capacity=2)
 
 
 def test_a_row_passed_over_by_a_step_keeps_the_logits_of_its_own_last_step(batch_model: Path) -> None:

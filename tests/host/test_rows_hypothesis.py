@@ -3,8 +3,9 @@
 Each example drives one role's rows (decoctl.rows) with a random sequence of operations and tracks, beside them,
 the tokens each row must hold. Every logits row a step or forward returns must equal a from-scratch pass over that
 row's tokens (decoctl.testing.reference_logits), and at the end every live row is stepped once more, which checks
-the KV cache it was left with. Two models: the plain builder layout, and one with tree inputs and a sliding window
-of 3 (bias rows and positions per row).
+the KV cache it was left with. Three models: the plain builder layout, one with tree inputs and a sliding window
+of 3 (bias rows and positions per row), and Optimum's layout (a concatenated KV cache: every row keeps a cache of
+its own, reorder hands them round and copies, a step is one Run per row).
 """
 
 from __future__ import annotations
@@ -20,18 +21,20 @@ from hypothesis import strategies as st
 from decoctl.model import load_model
 from decoctl.model.loader import LoadedModel
 from decoctl.rows import Rows
-from decoctl.testing import build_genai_model, reference_logits
+from decoctl.testing import build_genai_model, build_optimum_model, reference_logits
 
 ATOL = 1e-4
 CAPACITY = 4
 MAX_LENGTH = 20
 OPERATIONS = ("fork", "release", "reorder", "step", "step_some", "rewind", "forward")
-#: small enough for the two models to run in about 20 seconds on one core
+#: small enough for the three models to run in about 30 seconds on one core
 PROGRAMS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture(scope="module", params=["plain", "tree-windowed"])
+@pytest.fixture(scope="module", params=["plain", "tree-windowed", "optimum"])
 def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    if request.param == "optimum":
+        return load_model(build_optimum_model(tmp_path_factory.mktemp("optimum"), seed=7), threads=1)
     extra = {} if request.param == "plain" else {"tree_inputs": True, "local_window_size": 3}
     folder = build_genai_model(tmp_path_factory.mktemp(request.param), seed=7, num_layers=2, **extra)
     return load_model(folder, threads=1)
