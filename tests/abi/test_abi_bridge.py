@@ -438,7 +438,8 @@ def test_a_library_breaking_the_abi_is_refused_with_an_abi_error(flag: str, mess
 
 def test_an_option_schema_breaking_option_rules_names_the_library_and_the_controller(build_broken: Build) -> None:
     library = build_broken("-DBAD_OPTION_DEFAULT")
-    with pytest.raises(AbiError, match=f"{library.resolve()}: controller 'bad_default': .*width=100 must be at most 10"):
+    expected = f"{library.resolve()}: controller 'bad_default': .*width=100 must be at most 10"
+    with pytest.raises(AbiError, match=expected):
         load_library(library)
 
 
