@@ -36,7 +36,7 @@ from decoctl.processing import ProcessorChain
 from decoctl.rows import Rows
 from decoctl.specs import ControllerSpec
 
-__all__ = ["BatchPrompt", "BatchSlot", "one_at_a_time", "read_prompts", "run_batch"]
+__all__ = ["BatchPrompt", "BatchSlot", "one_at_a_time", "read_prompt_records", "read_prompts", "run_batch"]
 
 #: the keys a line of a prompts file may hold
 PROMPT_KEYS = ("prompt", "max_new_tokens", "seed", "stop")
@@ -98,9 +98,10 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def read_prompts(path: str | Path) -> list[BatchPrompt]:
-    """The prompts of a JSONL file: one JSON object a line with a "prompt" string and optionally "max_new_tokens",
-    "seed" and "stop"; blank lines are skipped. ConfigError naming the file and line for anything else."""
+def read_prompt_records(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """The JSON objects of a JSONL prompts file, one a line, each with where it stands ("FILE:LINE"); blank lines
+    are skipped. ConfigError naming the file and line for a file that cannot be read, a line that is not a JSON
+    object, or a file without any."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError as exc:
@@ -113,7 +114,7 @@ def read_prompts(path: str | Path) -> list[BatchPrompt]:
         raise ConfigError(
             f"--prompts {path} is not UTF-8 text (byte {exc.start}: {exc.reason}): save it as UTF-8"
         ) from exc
-    prompts = []
+    records = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -125,10 +126,16 @@ def read_prompts(path: str | Path) -> list[BatchPrompt]:
             ) from exc
         if not isinstance(record, dict):
             raise ConfigError(f"{path}:{number}: each line must be a JSON object with a 'prompt', not {_shown(record)}")
-        prompts.append(BatchPrompt.of(record, f"{path}:{number}"))
-    if not prompts:
+        records.append((f"{path}:{number}", record))
+    if not records:
         raise ConfigError(f'--prompts {path} holds no prompts: one {{"prompt": ...}} per line')
-    return prompts
+    return records
+
+
+def read_prompts(path: str | Path) -> list[BatchPrompt]:
+    """The prompts of a JSONL file: one JSON object a line with a "prompt" string and optionally "max_new_tokens",
+    "seed" and "stop". ConfigError naming the file and line for anything else."""
+    return [BatchPrompt.of(record, where) for where, record in read_prompt_records(path)]
 
 
 def one_at_a_time(

@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from decoctl.batch import read_prompt_records
 from decoctl.bench_batch import run_batch_bench
 from decoctl.bench_contenders import (
     ORT_GENAI_SPECULATIVE,
@@ -181,40 +182,18 @@ def load_prompts(path: str | None) -> list[str]:
     """The bench's prompts: the built-in ones, or a JSONL file's (one ``{"prompt": "..."}`` per line)."""
     if path is None:
         return list(DEFAULT_PROMPTS)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise ConfigError(
-            f'--prompts {path}: no such file: give a JSONL file with one {{"prompt": ...}} per line'
-        ) from exc
-    except OSError as exc:
-        raise ConfigError(f"--prompts {path}: cannot read it ({exc.strerror}): give a readable JSONL file") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"--prompts {path} is not UTF-8 text (byte {exc.start}: {exc.reason}): save it as UTF-8"
-        ) from exc
     prompts = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
+    for where, record in read_prompt_records(path):
+        if "prompt" not in record:
             raise ConfigError(
-                f"{path}:{number}: not JSON ({exc.msg}): each line must be a JSON object with a 'prompt'"
-            ) from exc
-        if not isinstance(record, dict) or "prompt" not in record:
-            raise ConfigError(
-                f"{path}:{number}: each line must be a JSON object with a 'prompt', not {line.strip()[:40]}"
+                f"{where}: each line must be a JSON object with a 'prompt', not {json.dumps(record)[:40]}"
             )
         if not isinstance(record["prompt"], str):
             raise ConfigError(
-                f"{path}:{number}: the prompt must be a JSON string, not {json.dumps(record['prompt'])[:40]}: "
+                f"{where}: the prompt must be a JSON string, not {json.dumps(record['prompt'])[:40]}: "
                 'quote it ("prompt": "...")'
             )
         prompts.append(record["prompt"])
-    if not prompts:
-        raise ConfigError(f'{path} holds no prompts: one {{"prompt": ...}} per line')
     return prompts
 
 
