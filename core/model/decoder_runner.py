@@ -2,12 +2,19 @@
 forwards, rewinds and keeps like any decoder-only model's.
 
 ``encode(source)`` runs the encoder over the source's tokens into a buffer of this runner and empties the decoder's
-cache. A forward from an empty cache runs the first-pass decoder (Optimum's decoder_model.onnx, or the merged
+cache. The first forward after it runs the first-pass decoder (Optimum's decoder_model.onnx, or the merged
 decoder's no-past branch): it reads the encoder's output and writes the cross-attention KV (its
 ``present.N.encoder.*`` outputs) straight into this runner's cross buffers, besides the first self-attention KV.
-Every later forward runs the stepping decoder (decoder_with_past_model.onnx, or the merged decoder's with-past
+Every other forward runs the stepping decoder (decoder_with_past_model.onnx, or the merged decoder's with-past
 branch) with those buffers bound as its ``past_key_values.N.encoder.*`` inputs: bound once per source, never
 copied. The self-attention KV is the ConcatKVCache every Optimum model has, so rewind and keep work unchanged.
+
+The cross-attention KV depends on the source alone, so it outlives every rewind: a forward from an empty cache
+after a rewind to 0 (speculative decoding's verifier and draft do that at the start of a generation) runs the
+stepping decoder with an empty self-attention past and the bound cross-attention KV, which is the first pass's
+computation without the cross-attention projections (the same logits: the with-past graph concatenates its new
+keys and values to an empty past). The encoder and the cross-attention projections run once per source
+(``encoder_runs``, ``cross_passes`` count them).
 
 Several rows of one role (decoctl.rows: beams, parallel samples, batched prompts) are runners of their own:
 ``copy_from`` gives a forked row the other row's self-attention KV, and its encoder output and cross-attention KV
@@ -54,7 +61,9 @@ class _Binding:
 
 class DecoderRunner(Runner):
     """Runs an encoder-decoder model for one sequence (see the module docstring). ``source_length`` is the length
-    of the source encoded last, 0 before the first ``encode``."""
+    of the source encoded last, 0 before the first ``encode``. ``encoder_runs`` and ``cross_passes`` count the
+    encoder's runs and the first-pass decoder's (the passes that compute the cross-attention KV) over the runner's
+    life: one each per source, whatever the rewinds."""
 
     def __init__(self, model: LoadedModel, max_length: int | None = None, kv: KVCache | None = None) -> None:
         encoder = model.encoder
@@ -85,6 +94,8 @@ class DecoderRunner(Runner):
             for layer in range(spec.num_layers)
         ]
         self.source_length = 0
+        self.encoder_runs = 0
+        self.cross_passes = 0
         #: what identifies the source encoded last (a new object per encode, shared by the runners copied from this
         #: one), and whether the cross-attention KV of that source is in this runner's buffers yet
         self._source_key: object | None = None
@@ -115,7 +126,8 @@ class DecoderRunner(Runner):
 
     def encode(self, source: np.ndarray) -> None:
         """Run the encoder over ``source`` (int64[s], 1 <= s <= the model's source length) and empty the decoder's
-        cache; the next forward (from length 0) computes the cross-attention KV."""
+        cache; the next forward (from length 0) computes the cross-attention KV, which every later forward of this
+        source reads (after a rewind to 0 too)."""
         parts, encoder = self._parts, self._encoder
         n = len(source)
         if not 1 <= n <= parts.source_length:
@@ -135,6 +147,7 @@ class DecoderRunner(Runner):
         run.bind(parts.encoder_mask_name, np.int64, (1, n), mask)
         run.bind(parts.encoder_output_name, self._hidden_type, (1, n, width), encoded, output=True)
         run.run()
+        self.encoder_runs += 1
         self.kv.truncate(0)
         self._source_key = object()
         self._cross_ready = False
@@ -174,8 +187,9 @@ class DecoderRunner(Runner):
         features: np.ndarray | None = None,
         bias_positions: np.ndarray | None = None,
     ) -> RunOutputs:
-        """Feed ``tokens`` (int64[n]) after the current length: the first-pass decoder from an empty cache, the
-        stepping decoder after. The decoder takes no positions, bias or features (its capabilities say so)."""
+        """Feed ``tokens`` (int64[n]) after the current length: the first-pass decoder when the source's
+        cross-attention KV is not computed yet (the first forward after ``encode``), the stepping decoder otherwise,
+        from an empty cache too. The decoder takes no positions, bias or features (its capabilities say so)."""
         del positions, bias, features, bias_positions
         if self.source_length == 0:
             raise SequenceError(
@@ -185,7 +199,8 @@ class DecoderRunner(Runner):
         n = len(tokens)
         spec = self.model.spec
         self._ids[0, :n] = tokens
-        first = self.kv.length == 0
+        # the cache is empty after an encode; _cross_ready says the cross KV outlived a rewind to 0
+        first = not self._cross_ready
         binding = self._first if first else self._step
         binding.bind(spec.input_ids_name, np.int64, (1, n), self._ids_pointer)
         if self._own_mask[0 if first else 1]:
@@ -203,7 +218,9 @@ class DecoderRunner(Runner):
         if self._narrow:
             self._widen(rows, n)
         self.kv.advance(n)
-        self._cross_ready = True
+        if first:
+            self.cross_passes += 1
+            self._cross_ready = True
         return RunOutputs(logits, None, None)
 
     def copy_from(self, other: Runner) -> None:

@@ -278,6 +278,21 @@ class Seq2SeqExports:
             self._models[name] = cls(config).eval()
         return self._models[name]
 
+    def greedy(self, name: str, ids: list[int], max_new_tokens: int) -> list[int]:
+        """transformers' greedy generate() over the source ``ids``: the new tokens (the decoder start token left
+        out)."""
+        import torch
+
+        torch.set_num_threads(1)  # a tiny model's generate() takes seconds on several contending threads
+        with torch.no_grad():
+            out = self.model(name).generate(
+                input_ids=torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+            )
+        return [int(t) for t in out[0, 1:]]
+
     def folder(self, name: str, variant: str = "pair") -> Path:
         key = (name, variant)
         if key not in self._folders:

@@ -120,7 +120,7 @@ def test_rewind_and_keep_give_what_a_fresh_decoder_gives(seq2seq: Any) -> None:
     assert list(sequence.tokens) == [start, 5, 7]
     sequence.rewind(1)
     np.testing.assert_allclose(sequence.forward([7, 9, 11]), expected[1:], atol=1e-4)
-    sequence.rewind(0)  # from an empty cache: the first-pass decoder runs again, with the same source
+    sequence.rewind(0)  # from an empty cache: the with-past decoder, over the same source's cross-attention KV
     np.testing.assert_allclose(sequence.forward([start, 7, 9, 11]), expected, atol=1e-4)
 
 

@@ -218,7 +218,7 @@ def test_a_fork_copies_the_encoding_and_never_runs_the_encoder(
         monkeypatch.setattr(runner, "run", lambda: ran.append("encoder"))
 
     first = np.array(rows[child].forward([start, 5]))
-    rows[child].rewind(0)  # from an empty cache again: the first pass reads the copied encoder output
+    rows[child].rewind(0)  # from an empty cache again: the cross-attention KV its first pass wrote is kept
     again = np.array(rows[child].forward([start, 5]))
 
     expected = decoder_logits(bart, source, [start, 5])

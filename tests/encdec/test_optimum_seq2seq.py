@@ -103,3 +103,29 @@ def test_verify_forwards_on_optimum_s_export_give_greedy_tokens(
     for prompt in PROMPTS:
         expected = greedy.generate(prompt, max_new_tokens=NEW).tokens
         assert speculative.generate(prompt, max_new_tokens=NEW).tokens == expected, prompt
+
+
+@pytest.mark.parametrize("post_process", [True, False], ids=["merged", "pair"])
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_a_rewind_to_zero_on_optimum_s_export_reuses_the_cross_kv(
+    optimum_folder: Any, name: str, post_process: bool
+) -> None:
+    """After a rewind to 0 the with-past decoder runs with an empty self-attention past over the bound
+    cross-attention KV: optimum's graphs take the empty past and give the first pass's logits."""
+    import numpy as np
+
+    from decoctl.host import Sequence
+    from decoctl.model.decoder_runner import DecoderRunner
+    from decoctl.model.loader import load_model
+
+    model = load_model(optimum_folder(name, post_process), threads=1)
+    start = model.encoder.parts.decoder_start_token_id if model.encoder else 0
+    sequence = Sequence("target", model)
+    sequence.encode([40, 41, 42, 43, 1])
+    expected = np.array(sequence.forward([start, 7, 9, 11]))
+    for fed in ([start, 7, 9, 11], [start]):
+        sequence.rewind(0)
+        np.testing.assert_allclose(sequence.forward(fed), expected[: len(fed)], atol=1e-5)
+    runner = sequence._runner
+    assert isinstance(runner, DecoderRunner)
+    assert (runner.encoder_runs, runner.cross_passes) == (1, 1)
