@@ -1,4 +1,5 @@
-"""The speculative decoding loop: a drafter and a draft-length rule over decoctl.verify's chain verification.
+"""The speculative decoding loop: a drafter and a draft-length rule (decoctl.draft_length) over decoctl.verify's chain
+verification.
 
 A step drafts d1..dK after the pending token and verifies them in ONE target forward over [pending, d1..dK]
 (``Verifier.chain``): the longest acceptable prefix plus one target token is committed, losslessly.
@@ -12,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from decoctl import ConfigError, Host, Option
+from decoctl.draft_length import draft_length
 from decoctl.verify import Verifier
-from decoctl_speculative.draft_length import CostAwareLength, DraftLength, ScheduledLength
 from decoctl_speculative.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter
 
-__all__ = ["OPTIONS", "Speculative", "draft_length", "roles_for"]
+__all__ = ["OPTIONS", "Speculative", "roles_for"]
 
 DRAFTERS = ("draft-model", "prompt-lookup")
 
@@ -67,13 +68,13 @@ class Speculative:
         else:
             self.drafter = PromptLookupDrafter(ngram_min=options["ngram_min"], ngram_max=options["ngram_max"])
         self._options = options
-        self.k = draft_length(options)
+        self.k = draft_length(options, controller="speculative")
         self.verifier = Verifier(sampling=self.sampling, temperature=self.temperature)
         self.draft_seconds = self.verify_seconds = 0.0
 
     def start(self, host: Host) -> None:
         self.draft_seconds = self.verify_seconds = 0.0
-        self.k = draft_length(self._options)  # what a rule learnt belongs to one generation
+        self.k = draft_length(self._options, controller="speculative")  # what a rule learnt belongs to one generation
         prompt = host.prompt_tokens
         self._context = np.zeros(len(prompt) + host.remaining + 1, np.int64)
         self._context[: len(prompt)] = prompt
@@ -135,13 +136,3 @@ class Speculative:
             "verify_seconds": self.verify_seconds,
             **self.drafter.stats(),
         }
-
-
-def draft_length(options: dict[str, Any]) -> DraftLength:
-    """The draft-length rule the options ask for: fixed k, HF's schedule, or the cost-aware rule."""
-    k, low, high = options["k"], options["k_min"], options["k_max"]
-    if not options["adaptive"]:
-        return DraftLength(k, min(low, k), max(high, k))
-    if options["length_rule"] == "schedule":
-        return ScheduledLength(k, low, high)
-    return CostAwareLength(k, low, high)

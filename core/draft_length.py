@@ -1,0 +1,308 @@
+"""How many drafted tokens to verify: a fixed k, HF transformers' schedule, or the length that pays most.
+
+A drafting controller asks its rule before each verify how many tokens to draft (``choose``) and tells it afterwards
+what the step cost and what the target kept (``observe``); ``draft_length(options, controller=...)`` builds the rule
+that the options ``k``, ``adaptive``, ``length_rule``, ``k_min`` and ``k_max`` ask for. The speculative and EAGLE
+controllers draft with it.
+
+On a CPU a verify forward over n tokens is far from free (measured on Gemma 3 270M int8, one thread: c(2) = 1.2,
+c(5) = 2.2, c(9) = 3.6 one-token forwards), so drafting more than the target will accept costs real time. The
+``cost`` rule picks, before each verify, the k that maximises the expected tokens per unit of cost
+
+    E(k) / C(k),   E(k) = (1 - a^(k+1)) / (1 - a),   C(0) = c(1) = 1,   C(k) = c(k + 1) + u(b) + (k - s) * d
+
+where a is the per-token acceptance probability, c(n) the cost of a target forward over n tokens in one-token
+forwards, d the cost of one draft step (0 for prompt lookup), u(b) the cost of catching the drafter up on the b
+committed tokens it has not been fed yet (0 for a drafter that reports no catch-ups), and s = 1 when the catch-up's
+last row already gives the first draft (an EAGLE head: k drafts take k - 1 head forwards after it), else 0.
+Everything is learnt online from this generation's own steps, in the seconds its controller measured:
+
+- a per *bucket* (prompt lookup buckets by the length of the n-gram it matched; a draft model or head has one
+  bucket) as the maximum-likelihood estimate of a geometric acceptance, with one accepted and one rejected
+  pseudo-draft as prior;
+- c(n) as the mean of the measured verify times over n tokens divided by the one-token time (the first step of a
+  generation verifies no draft, to time a one-token forward), sizes not yet measured priced on a straight line
+  through what was (optimistically, at first, so they get tried: see ``PRIOR_SLOPE``);
+- d as the measured drafting seconds per draft step, u(b) like c(n) from the catch-ups measured by their rows
+  (both 0, optimistically, until measured).
+
+Drafting nothing: with ``k_min`` 0 the rule chooses k = 0, a plain target step, whenever no length pays. A rule that
+drafts nothing learns nothing new about drafting, so after ``PROBE_AFTER`` such choices in a row it drafts the best
+k >= 1 once anyway (a probe); the wait doubles after each probe, up to ``PROBE_AFTER_MOST``, and starts again from
+``PROBE_AFTER`` once drafting pays on its own. A drafter that stands still while nothing is drafted (an EAGLE head)
+catches up when drafting resumes, and u(b) prices that catch-up: the rule sees what resuming costs.
+
+The rule changes only which tokens are proposed, never how they are verified: it is lossless like the rest. Its
+choices follow measured time, so a sampling controller's random draws, and with them the exact tokens a seed gives,
+can differ from run to run (the distribution never does); a fixed k (``adaptive`` false) repeats them.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from decoctl.errors import ConfigError
+
+__all__ = [
+    "PRIOR_SLOPE",
+    "PROBE_AFTER",
+    "PROBE_AFTER_MOST",
+    "CostAwareLength",
+    "DraftLength",
+    "ScheduledLength",
+    "draft_length",
+]
+
+#: the slope of c(n) (and of u(b), relative to its one measured point) before two sizes are measured: optimistic for
+#: a CPU (0.2-0.3 measured), so longer drafts get tried and then priced on what they really cost
+PRIOR_SLOPE = 0.1
+#: zero-draft choices in a row before the cost rule probes drafting again; the wait doubles after every probe
+PROBE_AFTER = 8
+#: the longest wait between probes
+PROBE_AFTER_MOST = 256
+
+
+class DraftLength:
+    """A fixed k within [low, high]; the base of the adaptive rules. ``controller`` names the options in errors."""
+
+    def __init__(self, start: int, low: int, high: int, *, controller: str = "draft length") -> None:
+        if low > high:
+            raise ConfigError(f"{controller} option k_min={low} is above k_max={high}: make k_min <= k_max")
+        self.value = start
+        self.low, self.high = low, high
+
+    def choose(self, bucket: int, cap: int, backlog: int = 0) -> int:
+        """How many of up to ``cap`` available drafts to verify. ``bucket``: what the drafter matched; ``backlog``:
+        the committed tokens the drafter would have to be fed before it drafts."""
+        del bucket, backlog
+        return min(self.value, cap)
+
+    def observe(
+        self,
+        *,
+        bucket: int,
+        drafted: int,
+        accepted: int,
+        verify_seconds: float,
+        draft_seconds: float,
+        catch_up_rows: int = 0,
+        catch_up_seconds: float = 0.0,
+    ) -> None:
+        """One verify step: ``drafted`` tokens verified in ``verify_seconds`` (a forward over drafted + 1),
+        ``accepted`` of them kept; ``draft_seconds`` spent drafting them after a catch-up that fed the drafter
+        ``catch_up_rows`` committed tokens in ``catch_up_seconds`` (0 rows: none)."""
+
+    def stats(self) -> dict[str, object]:
+        return {"k_final": self.value}
+
+
+class ScheduledLength(DraftLength):
+    """k grows by 2 after a step that accepted every draft and shrinks by 1 after one that accepted fewer than
+    half, within [max(low, 1), high] (the schedule of HF transformers' assisted generation; it learns from drafts
+    only, so it never stops drafting)."""
+
+    def __init__(self, start: int, low: int, high: int, *, controller: str = "draft length") -> None:
+        super().__init__(start, low, high, controller=controller)
+        self.low = max(low, 1)
+        self.value = min(max(start, self.low), high)
+
+    def observe(
+        self,
+        *,
+        bucket: int,
+        drafted: int,
+        accepted: int,
+        verify_seconds: float,
+        draft_seconds: float,
+        catch_up_rows: int = 0,
+        catch_up_seconds: float = 0.0,
+    ) -> None:
+        if drafted == 0:
+            return
+        if accepted == drafted:
+            self.value = min(self.high, self.value + 2)
+        elif 2 * accepted < drafted:
+            self.value = max(self.low, self.value - 1)
+
+
+@attrs.define
+class _Acceptance:
+    accepted: float = 1.0  # the prior: one accepted and one rejected pseudo-draft
+    rejected: float = 1.0
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+
+class _Timings:
+    """Seconds measured by size (tokens a forward fed, rows a catch-up fed): their mean per size."""
+
+    def __init__(self) -> None:
+        self._totals: dict[int, list[float]] = {}  # size -> [total seconds, count]
+        self._sizes: list[int] = []  # sorted
+
+    def add(self, size: int, seconds: float) -> None:
+        totals = self._totals.get(size)
+        if totals is None:
+            totals = self._totals[size] = [0.0, 0]
+            self._sizes = sorted(self._totals)
+        totals[0] += seconds
+        totals[1] += 1
+
+    def mean(self, size: int) -> float:
+        total, count = self._totals.get(size, (0.0, 0))
+        return total / count if count else 0.0
+
+    @property
+    def sizes(self) -> list[int]:
+        return self._sizes
+
+
+def _priced(sizes: list[int], value: Callable[[int], float], n: int) -> float:
+    """The cost at n of the line through the measured points (size, value(size)), ``sizes`` sorted and not empty:
+    a measured size as measured; one between two measured sizes on the straight line through them; one beyond the
+    largest (below the smallest) on the slope of the last (first) two, never falling with size nor below 0; with one
+    point only, on the prior line 1 + PRIOR_SLOPE * (n - 1) scaled through it."""
+    at = bisect_left(sizes, n)
+    if at < len(sizes) and sizes[at] == n:
+        return value(n)
+    if len(sizes) == 1:
+        (m,) = sizes
+        return value(m) * (1.0 + PRIOR_SLOPE * (n - 1)) / (1.0 + PRIOR_SLOPE * (m - 1))
+    if 0 < at < len(sizes):
+        n1, n2 = sizes[at - 1], sizes[at]
+        c1 = value(n1)
+        return c1 + (value(n2) - c1) * (n - n1) / (n2 - n1)
+    n1, n2 = (sizes[-2], sizes[-1]) if at else (sizes[0], sizes[1])
+    c1, c2 = value(n1), value(n2)
+    slope = max((c2 - c1) / (n2 - n1), 0.0)
+    return max(c2 + slope * (n - n2), 0.0) if at else max(c1 - slope * (n1 - n), 0.0)
+
+
+class CostAwareLength(DraftLength):
+    """The k in [low, min(high, cap)] that maximises expected tokens per unit of cost, re-probing drafting after a
+    run of k = 0 (module docstring). ``first_from_catch_up``: the drafter's catch-up also gives its first draft (s)."""
+
+    def __init__(
+        self, start: int, low: int, high: int, *, controller: str = "draft length", first_from_catch_up: bool = False
+    ) -> None:
+        super().__init__(min(max(start, low), high), low, high, controller=controller)
+        self._shared = int(first_from_catch_up)
+        self._acceptance: dict[int, _Acceptance] = {}
+        self._verify = _Timings()  # tokens fed -> verify seconds
+        self._catch_up = _Timings()  # rows fed -> catch-up seconds
+        self._draft_step: list[float] = [0.0, 0.0]  # [seconds, draft steps]
+        self.chosen: dict[int, int] = {}
+        self.probes = 0
+        self._zeros = 0  # zero-draft choices since the last draft
+        self._wait = PROBE_AFTER
+
+    def choose(self, bucket: int, cap: int, backlog: int = 0) -> int:
+        high = min(self.high, cap)
+        if high <= 0 or not self._verify.mean(1):
+            # the first step verifies no draft: it times the one-token forward that every cost is priced in
+            return 0
+        best = self._best(bucket, min(self.low, high), high, backlog)
+        if best:
+            self._zeros, self._wait = 0, PROBE_AFTER
+        elif self._zeros < self._wait:
+            self._zeros += 1
+        else:  # a probe: drafting may pay by now, and only a draft can tell
+            best = self._best(bucket, 1, high, backlog)
+            self.probes += 1
+            self._zeros, self._wait = 0, min(2 * self._wait, PROBE_AFTER_MOST)
+        self.value = best
+        self.chosen[best] = self.chosen.get(best, 0) + 1
+        return best
+
+    def _best(self, bucket: int, low: int, high: int, backlog: int) -> int:
+        a = self._acceptance.setdefault(bucket, _Acceptance()).rate
+        unit = self._verify.mean(1)
+        d = self._draft_cost(unit)
+        resume = self._catch_up_cost(backlog, unit)
+        sizes = self._verify.sizes
+
+        def c(n: int) -> float:
+            return self._verify.mean(n) / unit
+
+        best, best_rate = low, -1.0
+        expected = sum(a**i for i in range(low + 1))
+        for k in range(low, high + 1):
+            if k > low:
+                expected += a**k
+            cost = _priced(sizes, c, k + 1)
+            if k:
+                cost += resume + (k - self._shared) * d
+            rate = expected / cost
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
+
+    def observe(
+        self,
+        *,
+        bucket: int,
+        drafted: int,
+        accepted: int,
+        verify_seconds: float,
+        draft_seconds: float,
+        catch_up_rows: int = 0,
+        catch_up_seconds: float = 0.0,
+    ) -> None:
+        self._verify.add(drafted + 1, verify_seconds)
+        if catch_up_rows:
+            self._catch_up.add(catch_up_rows, catch_up_seconds)
+        if drafted == 0:
+            return
+        record = self._acceptance.setdefault(bucket, _Acceptance())
+        record.accepted += accepted
+        record.rejected += accepted < drafted
+        self._draft_step[0] += draft_seconds
+        self._draft_step[1] += drafted - self._shared
+
+    def cost(self, n: int) -> float:
+        """c(n): a forward over n tokens in one-token forwards, from what was measured (module docstring)."""
+        unit = self._verify.mean(1)
+        if not unit:
+            return 1.0 + PRIOR_SLOPE * (n - 1)
+        return _priced(self._verify.sizes, lambda size: self._verify.mean(size) / unit, n)
+
+    def _draft_cost(self, unit: float) -> float:
+        seconds, steps = self._draft_step
+        return seconds / steps / unit if steps and unit else 0.0
+
+    def _catch_up_cost(self, rows: int, unit: float) -> float:
+        """u(rows) in one-token forwards (0: no rows, or no catch-up measured yet)."""
+        if not rows or not self._catch_up.sizes or not unit:
+            return 0.0
+        return _priced(self._catch_up.sizes, lambda size: self._catch_up.mean(size) / unit, rows)
+
+    def stats(self) -> dict[str, object]:
+        unit = self._verify.mean(1)
+        out: dict[str, object] = {
+            "k_final": self.value,
+            "k_chosen": dict(sorted(self.chosen.items())),
+            "acceptance_by_bucket": {b: round(r.rate, 3) for b, r in sorted(self._acceptance.items())},
+            "verify_cost_seen": {n: round(self.cost(n), 3) for n in self._verify.sizes},
+            "draft_step_cost": round(self._draft_cost(unit), 3),
+        }
+        if self.low == 0:
+            out["probes"] = self.probes
+        return out
+
+
+def draft_length(options: Mapping[str, Any], *, controller: str, first_from_catch_up: bool = False) -> DraftLength:
+    """The rule a controller's options ask for: ``k`` drafts every step when ``adaptive`` is false, else
+    ``length_rule``'s ("schedule": HF's, "cost": the cost-aware rule) within [``k_min``, ``k_max``], starting at
+    ``k``. ``controller`` names the options in errors; ``first_from_catch_up``: see CostAwareLength."""
+    k, low, high = options["k"], options["k_min"], options["k_max"]
+    if not options["adaptive"]:
+        return DraftLength(k, min(low, k), max(high, k), controller=controller)
+    if options["length_rule"] == "schedule":
+        return ScheduledLength(k, low, high, controller=controller)
+    return CostAwareLength(k, low, high, controller=controller, first_from_catch_up=first_from_catch_up)

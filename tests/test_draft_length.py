@@ -1,0 +1,217 @@
+"""The draft-length rules: fixed, HF's schedule, and the cost-aware rule's choice, its cost curves, drafting nothing
+and probing. Costs are given to the rule as the seconds a controller would have measured (a one-token verify forward
+= 1 ms): no test here times anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from decoctl import ConfigError
+from decoctl.draft_length import PROBE_AFTER, CostAwareLength, DraftLength, ScheduledLength, draft_length
+
+
+def seen(
+    rule: CostAwareLength, costs: dict[int, float], bucket: int = 2, accepted_of: tuple[int, int] = (0, 0)
+) -> None:
+    """Feed the rule one observation per forward size with these relative costs (a one-token forward = 1 ms)."""
+    for size, cost in costs.items():
+        drafted = size - 1
+        accepted = min(drafted, accepted_of[0]) if drafted else 0
+        rule.observe(bucket=bucket, drafted=drafted, accepted=accepted, verify_seconds=cost / 1000, draft_seconds=0.0)
+
+
+def test_a_fixed_length_verifies_k_or_what_is_available() -> None:
+    rule = DraftLength(4, 1, 16)
+    assert rule.choose(bucket=0, cap=10) == 4
+    assert rule.choose(bucket=0, cap=2) == 2
+
+
+def test_the_schedule_grows_by_two_on_full_acceptance_and_shrinks_by_one_below_half() -> None:
+    rule = ScheduledLength(4, 1, 16)
+    rule.observe(bucket=0, drafted=4, accepted=4, verify_seconds=0.0, draft_seconds=0.0)
+    assert rule.value == 6
+    rule.observe(bucket=0, drafted=6, accepted=2, verify_seconds=0.0, draft_seconds=0.0)
+    assert rule.value == 5
+
+
+def test_bounds_in_the_wrong_order_are_refused_naming_both() -> None:
+    with pytest.raises(ConfigError, match="k_min=5 is above k_max=3"):
+        CostAwareLength(4, 5, 3)
+
+
+def test_the_first_choice_verifies_nothing_to_time_a_one_token_forward() -> None:
+    rule = CostAwareLength(4, 1, 16)
+    assert rule.choose(bucket=3, cap=8) == 0
+
+
+def test_measured_costs_are_used_as_measured_and_interpolated_between() -> None:
+    rule = CostAwareLength(4, 1, 16)
+    seen(rule, {1: 1.0, 3: 2.0, 5: 3.0})
+    assert rule.cost(3) == pytest.approx(2.0)
+    assert rule.cost(4) == pytest.approx(2.5)
+    assert rule.cost(2) == pytest.approx(1.5)  # between the one-token forward and size 3
+
+
+def test_beyond_the_largest_measured_size_the_last_slope_continues() -> None:
+    rule = CostAwareLength(4, 1, 16)
+    seen(rule, {1: 1.0, 3: 2.0, 5: 3.0})
+    assert rule.cost(9) == pytest.approx(5.0)
+
+
+def test_near_certain_acceptance_on_flat_cost_verifies_every_available_draft() -> None:
+    rule = CostAwareLength(4, 1, 16)
+    seen(rule, {1: 1.0, 9: 1.1}, accepted_of=(8, 8))
+    for _ in range(30):
+        rule.observe(bucket=2, drafted=8, accepted=8, verify_seconds=1.1e-3, draft_seconds=0.0)
+    assert rule.choose(bucket=2, cap=8) == 8
+
+
+def test_poor_acceptance_on_steep_cost_verifies_the_fewest_allowed() -> None:
+    rule = CostAwareLength(4, 1, 16)
+    seen(rule, {1: 1.0, 2: 1.6, 5: 3.4})
+    for _ in range(30):
+        rule.observe(bucket=1, drafted=4, accepted=0, verify_seconds=3.4e-3, draft_seconds=0.0)
+    assert rule.choose(bucket=1, cap=8) == 1
+
+
+def test_buckets_keep_their_own_acceptance() -> None:
+    rule = CostAwareLength(4, 1, 16)
+    seen(rule, {1: 1.0, 3: 1.5, 9: 2.5})
+    for _ in range(30):
+        rule.observe(bucket=3, drafted=8, accepted=8, verify_seconds=2.5e-3, draft_seconds=0.0)
+        rule.observe(bucket=1, drafted=2, accepted=0, verify_seconds=1.5e-3, draft_seconds=0.0)
+    assert rule.choose(bucket=3, cap=8) > rule.choose(bucket=1, cap=8)
+
+
+def test_draft_model_steps_count_against_longer_drafts() -> None:
+    free, costly = CostAwareLength(4, 1, 16), CostAwareLength(4, 1, 16)
+    for rule, draft_ms in ((free, 0.0), (costly, 0.8)):
+        seen(rule, {1: 1.0, 3: 1.3, 9: 1.9})
+        for _ in range(20):
+            rule.observe(bucket=0, drafted=8, accepted=6, verify_seconds=1.9e-3, draft_seconds=8 * draft_ms / 1000)
+    assert costly.choose(bucket=0, cap=8) < free.choose(bucket=0, cap=8)
+
+
+def drafting(
+    rule: CostAwareLength,
+    steps: int,
+    *,
+    drafted: int,
+    accepted: int,
+    verify_ms: float,
+    step_ms: float,
+    catch_up_ms: float,
+) -> None:
+    """Feed the rule ``steps`` steps of a drafter whose catch-up gives its first draft (an EAGLE head): a catch-up over
+    the previous step's accepted tokens plus one, then drafted - 1 draft steps of ``step_ms`` each."""
+    for _ in range(steps):
+        rule.observe(
+            bucket=0,
+            drafted=drafted,
+            accepted=accepted,
+            verify_seconds=verify_ms / 1000,
+            draft_seconds=(drafted - 1) * step_ms / 1000,
+            catch_up_rows=accepted + 1,
+            catch_up_seconds=catch_up_ms / 1000,
+        )
+
+
+def head_rule() -> CostAwareLength:
+    rule = CostAwareLength(2, 0, 8, controller="eagle", first_from_catch_up=True)
+    seen(rule, {1: 1.0}, bucket=0)
+    return rule
+
+
+def expensive_and_rejected() -> CostAwareLength:
+    """A head whose every forward costs 0.8 of a target forward, and whose drafts are almost never accepted."""
+    rule = head_rule()
+    drafting(rule, 30, drafted=2, accepted=0, verify_ms=1.3, step_ms=0.8, catch_up_ms=0.8)
+    return rule
+
+
+def test_an_expensive_rejected_drafter_drafts_nothing_when_k_min_is_0() -> None:
+    assert expensive_and_rejected().choose(bucket=0, cap=8, backlog=1) == 0
+
+
+def test_a_cheap_accepted_drafter_drafts_several() -> None:
+    rule = head_rule()
+    drafting(rule, 30, drafted=3, accepted=3, verify_ms=1.2, step_ms=0.05, catch_up_ms=0.05)
+    assert rule.choose(bucket=0, cap=8, backlog=4) >= 3
+
+
+def test_a_rule_whose_lower_bound_is_1_never_drafts_nothing_after_its_first_step() -> None:
+    rule = CostAwareLength(2, 1, 8, first_from_catch_up=True)
+    seen(rule, {1: 1.0}, bucket=0)
+    drafting(rule, 30, drafted=2, accepted=0, verify_ms=1.3, step_ms=0.8, catch_up_ms=0.8)
+    assert [rule.choose(bucket=0, cap=8, backlog=1) for _ in range(3 * PROBE_AFTER)] == [1] * (3 * PROBE_AFTER)
+
+
+def test_after_a_run_of_zero_drafts_the_rule_probes_and_then_waits_twice_as_long() -> None:
+    rule = expensive_and_rejected()
+    choices = [rule.choose(bucket=0, cap=8, backlog=1) for _ in range(3 * PROBE_AFTER + 2)]
+    probes = [i for i, k in enumerate(choices) if k]
+    assert probes == [PROBE_AFTER, 3 * PROBE_AFTER + 1]
+    assert rule.stats()["probes"] == 2
+    assert rule.stats()["k_chosen"] == {0: 3 * PROBE_AFTER, choices[PROBE_AFTER]: 2}
+
+
+def paying_unless_far_behind() -> CostAwareLength:
+    """A head that pays while it keeps up (catch-ups of 2 rows: 0.1 ms) but costs 4 ms to catch up on 200 rows."""
+    rule = head_rule()
+    drafting(rule, 20, drafted=2, accepted=2, verify_ms=1.1, step_ms=0.1, catch_up_ms=0.1)
+    drafting(rule, 5, drafted=2, accepted=0, verify_ms=1.1, step_ms=0.1, catch_up_ms=0.1)
+    rule.observe(
+        bucket=0,
+        drafted=0,
+        accepted=0,
+        verify_seconds=1e-3,
+        draft_seconds=0.0,
+        catch_up_rows=200,
+        catch_up_seconds=4e-3,
+    )
+    return rule
+
+
+def test_the_catch_up_a_backlog_needs_is_priced_by_its_rows() -> None:
+    rule = paying_unless_far_behind()
+    assert rule.choose(bucket=0, cap=8, backlog=2) >= 1
+    assert rule.choose(bucket=0, cap=8, backlog=400) == 0
+
+
+def test_drafting_that_pays_on_its_own_after_a_probe_restarts_the_wait() -> None:
+    rule = paying_unless_far_behind()
+    assert [rule.choose(bucket=0, cap=8, backlog=400) for _ in range(PROBE_AFTER + 1)][-1] >= 1  # the probe
+    assert rule.choose(bucket=0, cap=8, backlog=2) >= 1  # caught up, drafting pays again
+    choices = [rule.choose(bucket=0, cap=8, backlog=400) for _ in range(PROBE_AFTER + 1)]
+    assert choices[:-1] == [0] * PROBE_AFTER and choices[-1] >= 1  # the wait is PROBE_AFTER again, not twice it
+
+
+def test_a_draft_that_comes_with_the_catch_up_costs_no_draft_step() -> None:
+    shared, own = head_rule(), CostAwareLength(2, 0, 8)
+    seen(own, {1: 1.0}, bucket=0)
+    for rule in (shared, own):
+        rule.observe(bucket=0, drafted=2, accepted=1, verify_seconds=1.2e-3, draft_seconds=0.8e-3)
+    assert shared.stats()["draft_step_cost"] == pytest.approx(0.8)  # one head forward for two drafts
+    assert own.stats()["draft_step_cost"] == pytest.approx(0.4)
+
+
+def test_the_schedule_keeps_drafting_with_a_lower_bound_of_0() -> None:
+    rule = ScheduledLength(1, 0, 8)
+    for _ in range(5):
+        rule.observe(bucket=0, drafted=2, accepted=0, verify_seconds=0.0, draft_seconds=0.0)
+    assert rule.choose(bucket=0, cap=8) == 1
+
+
+@pytest.mark.parametrize(
+    ("adaptive", "rule", "kind"),
+    [(False, "cost", DraftLength), (True, "schedule", ScheduledLength), (True, "cost", CostAwareLength)],
+)
+def test_the_options_pick_the_rule(adaptive: bool, rule: str, kind: type) -> None:
+    options = {"k": 2, "k_min": 0, "k_max": 8, "adaptive": adaptive, "length_rule": rule}
+    assert type(draft_length(options, controller="eagle")) is kind
+
+
+def test_bounds_in_the_wrong_order_name_the_controller_whose_options_they_are() -> None:
+    options = {"k": 2, "k_min": 5, "k_max": 3, "adaptive": True, "length_rule": "cost"}
+    with pytest.raises(ConfigError, match="eagle option k_min=5 is above k_max=3"):
+        draft_length(options, controller="eagle")
