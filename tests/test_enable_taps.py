@@ -26,15 +26,15 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same weights built with taps: the testing builder's entry t is the stream *after* layer t, which is the
-    stream entering layer t + 1."""
+    """The same weights built with taps by decoctl.testing, whose tap_layers name the layers entering which the
+    stream is tapped, as enable-taps' layers do."""
     return build_genai_model(
         tmp_path_factory.mktemp("built"),
         seed=SEED,
         num_layers=4,
         tree_inputs=True,
         hidden_states=True,
-        aux_hidden_state_layers=(2, 0, 1),
+        tap_layers=(3, 0, 1),
     )
 
 
@@ -45,7 +45,11 @@ def outputs(folder: Path) -> Sequence:
 
 
 def test_the_taps_are_the_residual_stream_entering_each_layer(plain: Path, built: Path, tmp_path: Path) -> None:
-    tapped = outputs(enable_taps(plain, tmp_path / "tapped", layers=[3, 1, 2]))
+    """enable-taps reads each layer's input norm; a testing target built with the same tap_layers has the same
+    taps (layer 0: the embeddings) and records the same layers."""
+    copy = enable_taps(plain, tmp_path / "tapped", layers=[3, 0, 1])
+    assert tap_layers(copy) == tap_layers(built) == (3, 0, 1)
+    tapped = outputs(copy)
     reference = outputs(built)
     np.testing.assert_array_equal(tapped.hidden_states("aux"), reference.hidden_states("aux"))
     np.testing.assert_array_equal(tapped.hidden_states(), reference.hidden_states())

@@ -9,9 +9,11 @@ vocabulary must match. The torch target the head was trained on (state.json's "t
 shared weights: embedding, final norm and lm_head.
 
 The graph is not traced: decoctl.testing.eagle builds it with onnx.helper from the weights (the same code that
-builds the tests' random heads): GroupQueryAttention over a shared past/present KV buffer, the extra input
-target_hidden_states, outputs logits and hidden_states (the predicted features), and with tree inputs (the
-default; --no-tree-inputs leaves them out) position_ids and attention_bias, which EAGLE-2 tree drafting needs.
+builds the tests' random EAGLE-1 heads, whose decoder layer is this head's: with an input norm, and the target's
+final norm) and decoctl.model.eagle_graph.save_head writes the folder, as it does every head's: GroupQueryAttention
+over a shared past/present KV buffer, the extra input target_hidden_states, outputs logits and hidden_states (the
+predicted features), and with tree inputs (the default; --no-tree-inputs leaves them out) position_ids and
+attention_bias, which EAGLE-2 tree drafting needs.
 
 Verification, on a few prompts, with the torch target's own features as input: the ONNX head run by decoctl's host
 (Sequence.forward with features) as one pass and as one token at a time through its KV cache, against the torch

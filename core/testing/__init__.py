@@ -24,7 +24,6 @@ except ImportError as _missing:
 from decoctl.testing.eagle import build_eagle_head, write_eagle_head
 from decoctl.testing.greedy import TIE_GAP, first_divergence_is_a_tie
 from decoctl.testing.models import (
-    AUX_LAYERS_METADATA_KEY,
     build_genai_model,
     build_optimum_model,
     reference_logits,
@@ -40,7 +39,6 @@ from decoctl.testing.tokenizer import (
 )
 
 __all__ = [
-    "AUX_LAYERS_METADATA_KEY",
     "BOS_TOKEN_ID",
     "EOS_TOKEN_ID",
     "PAD_TOKEN_ID",

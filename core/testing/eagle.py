@@ -1,7 +1,8 @@
-"""EAGLE-1 draft heads as ONNX folders the host loads as role "eagle", built with onnx.helper (no torch).
+"""EAGLE draft heads for the testing targets, as ONNX folders the host loads as role "eagle" (no torch).
 
-The head (Li et al., "EAGLE", ICML 2024): at position i it takes the target's feature f_i (the target's final
-hidden state, the lm_head's input) and the embedding of the token after it, x_{i+1}, and computes
+EAGLE-1 heads (Li et al., "EAGLE", ICML 2024; :func:`build_eagle_head`, :func:`write_eagle_head`): at position i
+the head takes the target's feature f_i (the target's final hidden state, the lm_head's input) and the embedding of
+the token after it, x_{i+1}, and computes
 
     x = fc(concat(embed(x_{i+1}), f_i))                     fc: 2*hidden -> hidden, with a bias
     h = one pre-norm Llama decoder layer over x              (its own KV cache, rotary positions i)
@@ -10,41 +11,30 @@ hidden state, the lm_head's input) and the embedding of the token after it, x_{i
 
 ``embed_tokens``, ``final_norm`` and ``lm_head`` are the target's own weights (shared, not trained), so the
 predicted feature lives in the target's feature space and is fed back as the next position's feature while
-drafting. A head may draft from a *draft vocabulary* (EAGLE-3's reduced vocabulary): given ``draft_ids`` (the
-target token ids it can propose, int64[n]) its ``lm_head`` holds only those n columns, the n logits are
-scattered into a row of -inf over the target's whole vocabulary, and so the output keeps the target's width (a
-controller never proposes a token of probability 0). On a CPU the lm_head is most of a head's cost: on the demo
-target (hidden 384, vocabulary 4096) one head step took 691 us with every column and 347 us with 1024.
+drafting. The decoder layer is the testing targets' own (decoctl.testing.models), so ``copy_layer`` can make a head
+that imitates its target; this is also the architecture of the demo bundle's head (tools/train_eagle.py), unlike a
+published EAGLE-1 head's (no input norm, no final norm; decoctl.model.eagle_graph). A head may draft from a *draft
+vocabulary* (EAGLE-3's reduced vocabulary): given ``draft_ids`` (the target token ids it can propose, int64[n]) its
+``lm_head`` holds only those n columns, the n logits are scattered into a row of -inf over the target's whole
+vocabulary, and so the output keeps the target's width (a controller never proposes a token of probability 0). On
+a CPU the lm_head is most of a head's cost: on the demo target (hidden 384, vocabulary 4096) one head step took
+691 us with every column and 347 us with 1024.
 
 The layout is onnxruntime-genai's (GroupQueryAttention over a shared past/present buffer) plus one input,
 ``target_hidden_states`` float32[batch_size, sequence_length, hidden], which the host binds through
-``Sequence.forward(tokens, features=...)``; genai_config.json says ``"type": "eagle"``. A head can take the tree
-inputs too (``tree_inputs``), which EAGLE-2 drafting needs to grow its draft tree level by level.
+``Sequence.forward(tokens, features=...)``; the folder (genai_config.json with ``"type": "eagle"``, the target's
+tokenizer) is written by :func:`decoctl.model.eagle_graph.save_head`. A head can take the tree inputs too
+(``tree_inputs``), which EAGLE-2 drafting needs to grow its draft tree level by level.
 
-:func:`build_eagle_head` makes a random head for a target built by :func:`~decoctl.testing.build_genai_model`
-(its shared weights read from the target's graph); :func:`write_eagle_head` writes a head from given weights,
-which is how ``tools/export_eagle.py`` exports a trained one.
-
-EAGLE-3 heads (Li et al., "EAGLE-3", 2025; :func:`write_eagle3_head`, :func:`build_eagle3_head`) read the target's
-*taps* instead, the residual stream entering a low, a middle and a high layer (its ``aux_hidden_states``
-output), and feed back their own layer output while drafting. Their ``target_hidden_states`` input is
-``[taps | own]``, float32[batch_size, sequence_length, taps_width + hidden]: a row built from the target holds its
-taps and zeros, a row built from the head's own output zeros and that output, and the head computes
-
-    g = fc(taps) + own                                           fc: taps_width -> hidden, no bias
-    x = concat(input_norm(embed(x_{i+1})), hidden_norm(g))      2 * hidden wide
-    h = g + o_proj(attention(q, k, v of x))                     its own KV cache, rotary positions i
-    h = h + mlp(post_attention_norm(h))                         output ``hidden_states``: fed back while drafting
-    logits = lm_head(final_norm(h))                             over the draft vocabulary, scattered as above
-
-with its own norms and lm_head; only ``embed_tokens`` is the target's. One input of fixed width keeps the host's
-features primitive (and the C ABI) as it is; the price is fc over zeros on draft rows.
+EAGLE-3 heads (Li et al., "EAGLE-3", 2025; :func:`build_eagle3_head`) are random weights written by
+:func:`decoctl.model.eagle_graph.write_head`, the writer of imported and trained heads, whose docstring gives their
+forward. They read the target's three *taps* (its ``aux_hidden_states``: the residual stream entering three decoder
+layers, a target built with ``tap_layers=(low, middle, high)``) and feed back their own layer output while drafting.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -54,41 +44,37 @@ import onnx
 from onnx import numpy_helper
 
 from decoctl.model.capabilities import FEATURES
+from decoctl.model.eagle_graph import EAGLE1, EAGLE3, HeadDims, save_head, write_head
 from decoctl.testing.models import (
     _FLOAT,
+    LOGIT_STD,
+    RMS_EPS,
+    ROPE_THETA,
     _decoder_layers,
     _Dims,
     _embed,
-    _genai_config,
     _genai_inputs,
     _genai_outputs,
     _gqa_attention,
     _gqa_lengths,
     _Graph,
     _lm_head,
-    _mlp,
     _rms_norm,
     _rotary_tables,
     _value,
-    _write_json,
 )
 
 __all__ = [
     "DRAFT_IDS",
-    "EAGLE3_HEAD_WEIGHTS",
-    "EAGLE_MODEL_TYPE",
     "HEAD_WEIGHTS",
     "build_eagle3_head",
     "build_eagle_head",
-    "eagle3_head_model",
     "eagle_head_model",
-    "write_eagle3_head",
     "write_eagle_head",
 ]
 
-EAGLE_MODEL_TYPE = "eagle"
 _LAYER = "layers.0."
-#: every weight a head needs, as float32 arrays laid out for MatMul (x @ W, so projections are [in, out])
+#: every weight an EAGLE-1 head needs, as float32 arrays laid out for MatMul (x @ W, so projections are [in, out])
 HEAD_WEIGHTS = (
     "embed_tokens",  # [vocab, hidden], the target's
     "fc",  # [2 * hidden, hidden]: concat(embedding, feature) -> hidden
@@ -111,30 +97,6 @@ HEAD_WEIGHTS = (
     "lm_head",  # [hidden, vocab], the target's
 )
 _SHARED = ("embed_tokens", "final_norm", "lm_head")
-#: every weight an EAGLE-3 head needs, laid out as HEAD_WEIGHTS' (projections [in, out])
-EAGLE3_HEAD_WEIGHTS = (
-    "embed_tokens",  # [vocab, hidden], the target's
-    "fc",  # [taps_width, hidden]: the target's taps -> hidden
-    "hidden_norm",  # [hidden]: the feature's norm
-    *(
-        _LAYER + name
-        for name in (
-            "input_norm",  # [hidden]: the embedding's norm
-            "q_proj",  # [2 * hidden, heads * head_size]
-            "k_proj",  # [2 * hidden, kv_heads * head_size]
-            "v_proj",
-            "o_proj",  # [heads * head_size, hidden]
-            "post_attention_norm",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        )
-    ),
-    "final_norm",  # [hidden], the head's own
-    "lm_head",  # [hidden, columns], the head's own (columns: the draft vocabulary's size)
-)
-#: a head whose weights pass this many bytes keeps them in model.onnx.data (protobuf stops at 2 GiB)
-_EXTERNAL_DATA_BYTES = 256 << 20
 #: optional: int64[n], the target ids of the lm_head's n columns (a draft vocabulary)
 DRAFT_IDS = "draft_ids"
 
@@ -166,7 +128,7 @@ def build_eagle_head(
     :returns: the head's folder (model.onnx, genai_config.json, the target's tokenizer files).
     """
     target = Path(target_dir)
-    decoder = json.loads((target / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
+    decoder = _decoder_config(target)
     stored = {
         tensor.name.removeprefix("model."): numpy_helper.to_array(tensor)
         for tensor in onnx.load_model(str(target / decoder.get("filename", "model.onnx"))).graph.initializer
@@ -202,101 +164,47 @@ def write_eagle_head(
     num_kv_heads: int,
     tree_inputs: bool = False,
     max_length: int | None = None,
-    decoctl: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write an EAGLE-1 head folder from its weights (every name in :data:`HEAD_WEIGHTS`).
+    """Write an EAGLE-1 head folder from its weights (every name in :data:`HEAD_WEIGHTS`, and optionally
+    :data:`DRAFT_IDS`), through :func:`decoctl.model.eagle_graph.save_head`.
 
     ``target_dir``: the target's genai-layout folder; the head copies its tokenizer files, special token ids
-    and context length, so that the loader treats it like any other role of that target. ``decoctl``: a section
-    of that name for genai_config.json (what the head is, which target it was trained for).
+    and context length (``max_length`` overrides it), so that the loader treats it like any other role of that
+    target.
     :returns: the folder.
     """
-    length = _context_length(target_dir, max_length)
+    length = int(max_length or _model_config(Path(target_dir))["context_length"])
     graph = eagle_head_model(
         weights, num_heads=num_heads, num_kv_heads=num_kv_heads, max_length=length, tree_inputs=tree_inputs
     )
-    return _write_head(path, graph, weights, target_dir, num_heads, num_kv_heads, length, tree_inputs, decoctl)
-
-
-def write_eagle3_head(
-    path: str | Path,
-    weights: Mapping[str, np.ndarray],
-    target_dir: str | Path,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    tree_inputs: bool = False,
-    max_length: int | None = None,
-    decoctl: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write an EAGLE-3 head folder from its weights (every name in :data:`EAGLE3_HEAD_WEIGHTS`, and optionally
-    :data:`DRAFT_IDS`); as :func:`write_eagle_head` otherwise. :returns: the folder."""
-    length = _context_length(target_dir, max_length)
-    graph = eagle3_head_model(
-        weights, num_heads=num_heads, num_kv_heads=num_kv_heads, max_length=length, tree_inputs=tree_inputs
-    )
-    return _write_head(path, graph, weights, target_dir, num_heads, num_kv_heads, length, tree_inputs, decoctl)
-
-
-def _context_length(target_dir: str | Path, max_length: int | None) -> int:
-    model = json.loads((Path(target_dir) / "genai_config.json").read_text(encoding="utf-8"))["model"]
-    return int(max_length or model["context_length"])
-
-
-def _write_head(
-    path: str | Path,
-    graph: onnx.ModelProto,
-    weights: Mapping[str, np.ndarray],
-    target_dir: str | Path,
-    num_heads: int,
-    num_kv_heads: int,
-    length: int,
-    tree_inputs: bool,
-    decoctl: Mapping[str, Any] | None,
-) -> Path:
-    """The head's folder: its graph (weights in model.onnx.data when large), genai_config.json (the target's
-    special tokens, ``"type": "eagle"``, the features input, the ``decoctl`` section), the target's tokenizer."""
-    target = Path(target_dir)
-    model = json.loads((target / "genai_config.json").read_text(encoding="utf-8"))["model"]
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
-    large = sum(np.asarray(w).nbytes for w in weights.values()) > _EXTERNAL_DATA_BYTES
-    for stale in ("model.onnx", "model.onnx.data"):
-        (folder / stale).unlink(missing_ok=True)
-    if large:
-        onnx.save_model(
-            graph,
-            str(folder / "model.onnx"),
-            save_as_external_data=True,
-            location="model.onnx.data",
-            size_threshold=4096,
-        )
-    else:
-        onnx.save_model(graph, str(folder / "model.onnx"))
     vocab, hidden = weights["embed_tokens"].shape
-    dims = _Dims(1, hidden, num_heads, num_kv_heads, vocab, length)
-    config = _genai_config(dims, model["eos_token_id"], tree_inputs)
-    config["model"] |= {
-        "type": EAGLE_MODEL_TYPE,
-        "bos_token_id": model.get("bos_token_id"),
-        "pad_token_id": model.get("pad_token_id"),
-    }
-    config["model"]["decoder"]["inputs"] = {"input_ids": "input_ids", FEATURES: FEATURES} | config["model"]["decoder"][
-        "inputs"
-    ]
-    if decoctl is not None:
-        config["decoctl"] = dict(decoctl)
-    _write_json(folder / "genai_config.json", config)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (target / name).is_file():
-            shutil.copyfile(target / name, folder / name)
-    return folder
+    dims = HeadDims(
+        architecture=EAGLE1,
+        hidden=hidden,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_size=hidden // num_heads,
+        intermediate=weights[_LAYER + "gate_proj"].shape[1],
+        vocab=vocab,
+        draft_vocab=weights["lm_head"].shape[1],
+        rms_eps=RMS_EPS,
+        rope_theta=ROPE_THETA,
+    )
+    return save_head(path, graph, dims, target_dir=target_dir, max_length=length, tree_inputs=tree_inputs)
+
+
+def _decoder_config(target: Path) -> dict[str, Any]:
+    return dict(_model_config(target)["decoder"])
+
+
+def _model_config(target: Path) -> dict[str, Any]:
+    return dict(json.loads((target / "genai_config.json").read_text(encoding="utf-8"))["model"])
 
 
 def eagle_head_model(
     weights: Mapping[str, np.ndarray], *, num_heads: int, num_kv_heads: int, max_length: int, tree_inputs: bool = False
 ) -> onnx.ModelProto:
-    """The head's graph (see the module docstring) with the weights as initializers.
+    """The EAGLE-1 head's graph (see the module docstring) with the weights as initializers.
 
     Inputs: ``input_ids`` int64[batch_size, sequence_length] (the shifted tokens), ``target_hidden_states``
     float32[batch_size, sequence_length, hidden], ``attention_mask`` int64[batch_size, total_sequence_length],
@@ -336,70 +244,6 @@ def eagle_head_model(
     return g.model(inputs, _genai_outputs(dims, True, (), False))
 
 
-def eagle3_head_model(
-    weights: Mapping[str, np.ndarray], *, num_heads: int, num_kv_heads: int, max_length: int, tree_inputs: bool = False
-) -> onnx.ModelProto:
-    """An EAGLE-3 head's graph (see the module docstring) with the weights as initializers.
-
-    Inputs as :func:`eagle_head_model`'s, but ``target_hidden_states`` is float32[batch_size, sequence_length,
-    taps_width + hidden] (``[taps | own]``). Outputs: ``logits`` float32[batch_size, sequence_length, vocab],
-    ``hidden_states`` float32[batch_size, sequence_length, hidden] (the layer's output, before the final norm:
-    the next row's ``own``), ``present.0.key`` / ``.value``.
-    """
-    missing = [name for name in EAGLE3_HEAD_WEIGHTS if name not in weights]
-    if missing:
-        raise ValueError(f"an EAGLE-3 head needs the weights {missing}")
-    vocab, hidden = weights["embed_tokens"].shape
-    taps = weights["fc"].shape[0]
-    draft_ids = weights.get(DRAFT_IDS)
-    columns = vocab if draft_ids is None else len(draft_ids)
-    head_size = hidden // num_heads
-    expected = {
-        "fc": (taps, hidden),
-        "hidden_norm": (hidden,),
-        _LAYER + "q_proj": (2 * hidden, num_heads * head_size),
-        _LAYER + "k_proj": (2 * hidden, num_kv_heads * head_size),
-        _LAYER + "v_proj": (2 * hidden, num_kv_heads * head_size),
-        "final_norm": (hidden,),
-        "lm_head": (hidden, columns),
-    }
-    wrong = {name: weights[name].shape for name, shape in expected.items() if weights[name].shape != shape}
-    if wrong or taps % hidden:
-        raise ValueError(f"EAGLE-3 head weights {wrong} do not fit hidden={hidden}, vocab={vocab}: expected {expected}")
-    _check_draft_ids(draft_ids, vocab)
-    dims = _Dims(1, hidden, num_heads, num_kv_heads, vocab, max_length)
-    dims.check()
-    g = _Graph({name: np.asarray(value, np.float32) for name, value in weights.items() if name != DRAFT_IDS})
-    seqlens_k, total_length = _gqa_lengths(g)
-    cos_table, sin_table = _rotary_tables(dims)
-    cos, sin = g.tensor("cos_cache", cos_table), g.tensor("sin_cache", sin_table)
-    tree = ("position_ids", "attention_bias") if tree_inputs else ()
-    attention = _gqa_attention(g, dims, [seqlens_k, total_length, cos, sin, *tree])
-    axis = g.ints(2)
-    tapped = g.op("Slice", [FEATURES, g.ints(0), g.ints(taps), axis], "/eagle/taps")
-    own = g.op("Slice", [FEATURES, g.ints(taps), g.ints(taps + hidden), axis], "/eagle/own")
-    feature = g.op("Add", [g.matmul(tapped, "fc", "/eagle/fc/MatMul"), own], "/eagle/feature")
-    embedded = _rms_norm(g, _embed(g), _LAYER + "input_norm", "/eagle/input_layernorm", fused=True)
-    normed = _rms_norm(g, feature, "hidden_norm", "/eagle/hidden_norm", fused=True)
-    x = g.op("Concat", [embedded, normed], "/eagle/Concat", axis=-1)
-    p = "/model/layers.0"
-    q = g.matmul(x, _LAYER + "q_proj", f"{p}/attn/q_proj")
-    k = g.matmul(x, _LAYER + "k_proj", f"{p}/attn/k_proj")
-    v = g.matmul(x, _LAYER + "v_proj", f"{p}/attn/v_proj")
-    context = attention(0, q, k, v)
-    h = g.op("Add", [feature, g.matmul(context, _LAYER + "o_proj", f"{p}/attn/o_proj")], f"{p}/attn/Residual")
-    post = _rms_norm(g, h, _LAYER + "post_attention_norm", f"{p}/post_attention_layernorm", fused=True)
-    out = g.op("Add", [h, _mlp(g, post, 0, f"{p}/mlp")], f"{p}/mlp/Residual", output="hidden_states")
-    if draft_ids is None:
-        final = _rms_norm(g, out, "final_norm", "/model/norm", fused=True)
-        g.op("MatMul", [final, g.weight("lm_head")], "/lm_head/MatMul", output="logits")
-    else:
-        _draft_lm_head(g, out, np.asarray(draft_ids, np.int64), vocab, hidden_output=None)
-    inputs = _genai_inputs(dims, tree_inputs)
-    inputs.insert(1, _value(FEATURES, _FLOAT, ["batch_size", "sequence_length", taps + hidden]))
-    return g.model(inputs, _genai_outputs(dims, True, (), False))
-
-
 def _check_draft_ids(draft_ids: np.ndarray | None, vocab: int) -> None:
     if draft_ids is None:
         return
@@ -418,47 +262,69 @@ def build_eagle3_head(
     tree_inputs: bool = False,
     draft_vocab: int | None = None,
 ) -> Path:
-    """Write a random-weight EAGLE-3 head for the target folder ``target_dir``, a genai-layout model with an
-    ``aux_hidden_states`` output (its width sets fc's); the embedding is the target's, every other weight is
-    drawn from ``seed``. ``draft_vocab=n`` keeps n target ids (drawn from ``seed``) as the draft vocabulary.
+    """Write a random-weight EAGLE-3 head for the target folder ``target_dir``, a genai-layout model with three
+    taps (built with ``tap_layers=(low, middle, high)``, or copied by ``decoctl models enable-taps``). The
+    embedding is the target's, every other weight is drawn from ``seed``, scaled as the testing targets' weights;
+    heads default to the target's, the MLP is ``2 * hidden`` wide. ``draft_vocab=n`` keeps n target ids (drawn
+    from ``seed``) as the draft vocabulary. Written by :func:`decoctl.model.eagle_graph.write_head`.
 
     :returns: the head's folder.
+    :raises ValueError: the target has no ``aux_hidden_states`` output of three taps.
     """
     target = Path(target_dir)
-    decoder = json.loads((target / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
+    decoder = _decoder_config(target)
     model = onnx.load_model(str(target / decoder.get("filename", "model.onnx")))
     aux = next((o for o in model.graph.output if o.name == "aux_hidden_states"), None)
-    if aux is None:
-        raise ValueError(f"{target} has no aux_hidden_states output for an EAGLE-3 head to read")
-    taps = int(aux.type.tensor_type.shape.dim[-1].dim_value)
     embed = next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == "model.embed_tokens")
     vocab, hidden = embed.shape
+    width = None if aux is None else int(aux.type.tensor_type.shape.dim[-1].dim_value)
+    if width != 3 * hidden:
+        has = "no aux_hidden_states output" if width is None else f"aux_hidden_states of width {width}"
+        raise ValueError(
+            f"{target} has {has}; an EAGLE-3 head reads three taps ({3 * hidden} wide): build the target with "
+            "tap_layers=(low, middle, high)"
+        )
     heads = int(num_heads or decoder["num_attention_heads"])
     kv_heads = int(num_kv_heads or decoder.get("num_key_value_heads", heads))
+    _Dims(1, hidden, heads, kv_heads, vocab, 2).check()
     rng = np.random.default_rng(seed)
-    weights = {"embed_tokens": embed} | {
-        name: value for name, value in _random_head_weights(hidden, heads, kv_heads, seed).items() if name != "fc"
-    }
-    width = hidden // heads
-    for name, columns in (("q_proj", heads * width), ("k_proj", kv_heads * width), ("v_proj", kv_heads * width)):
-        weights[_LAYER + name] = (rng.standard_normal((2 * hidden, columns)) * (2 * hidden) ** -0.5).astype(np.float32)
-    weights["fc"] = (rng.standard_normal((taps, hidden)) * taps**-0.5).astype(np.float32)
-    weights["hidden_norm"] = (1.0 + rng.standard_normal((hidden,)) * 0.1).astype(np.float32)
-    weights["final_norm"] = (1.0 + rng.standard_normal((hidden,)) * 0.1).astype(np.float32)
-    weights["lm_head"] = (rng.standard_normal((hidden, vocab)) * 2.5 * hidden**-0.5).astype(np.float32)
-    if draft_vocab is not None:
-        ids = np.sort(rng.choice(vocab, size=draft_vocab, replace=False)).astype(np.int64)
-        weights |= {"lm_head": weights["lm_head"][:, ids], DRAFT_IDS: ids}
-    weights.pop("fc_bias")
-    return write_eagle3_head(path, weights, target, num_heads=heads, num_kv_heads=kv_heads, tree_inputs=tree_inputs)
+    ids = np.arange(vocab) if draft_vocab is None else np.sort(rng.choice(vocab, size=draft_vocab, replace=False))
+    dims = HeadDims(
+        architecture=EAGLE3,
+        hidden=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_size=hidden // heads,
+        intermediate=2 * hidden,
+        vocab=vocab,
+        draft_vocab=len(ids),
+        rms_eps=RMS_EPS,
+        rope_theta=ROPE_THETA,
+    )
+    weights: dict[str, np.ndarray] = {"embed_tokens.weight": embed, "d2t": (ids - np.arange(len(ids))).astype(np.int64)}
+    for name, shape in dims.shapes().items():
+        if name in weights:
+            continue
+        if len(shape) == 1:  # a norm's scale
+            weights[name] = (1.0 + rng.standard_normal(shape) * 0.1).astype(np.float32)
+        else:  # [out, in], unit-variance outputs; the lm_head's logits near LOGIT_STD
+            scale = LOGIT_STD if name == "lm_head.weight" else 1.0
+            weights[name] = (rng.standard_normal(shape) * scale * shape[1] ** -0.5).astype(np.float32)
+    return write_head(
+        path,
+        dims,
+        weights,
+        target_dir=target,
+        target_name=target.name,
+        source=f"decoctl.testing.build_eagle3_head(seed={seed})",
+        tree_inputs=tree_inputs,
+    )
 
 
-def _draft_lm_head(
-    g: _Graph, x: str, draft_ids: np.ndarray, vocab: int, hidden_output: str | None = "hidden_states"
-) -> None:
-    """Final norm (the ``hidden_output`` output, if named), the lm_head over the draft vocabulary, and its n logits
-    scattered into -inf rows of the target's width (the ``logits`` output)."""
-    h = _rms_norm(g, x, "final_norm", "/model/norm", fused=True, output=hidden_output)
+def _draft_lm_head(g: _Graph, x: str, draft_ids: np.ndarray, vocab: int) -> None:
+    """Final norm (the ``hidden_states`` output), the lm_head over the draft vocabulary, and its n logits scattered
+    into -inf rows of the target's width (the ``logits`` output)."""
+    h = _rms_norm(g, x, "final_norm", "/model/norm", fused=True, output="hidden_states")
     small = g.op("MatMul", [h, g.weight("lm_head")], "/lm_head/MatMul")
     shape = g.op("Shape", [small], "/lm_head/Shape")
     leading = g.op("Slice", [shape, g.ints(0), g.ints(2), g.ints(0)], "/lm_head/Leading")

@@ -24,6 +24,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from decoctl.model.capabilities import FEATURES
+from decoctl.model.taps import TAP_LAYERS_KEY
 from decoctl.testing.tokenizer import (
     BOS_TOKEN_ID,
     EOS_TOKEN_ID,
@@ -33,7 +34,6 @@ from decoctl.testing.tokenizer import (
 )
 
 __all__ = [
-    "AUX_LAYERS_METADATA_KEY",
     "build_genai_model",
     "build_optimum_model",
     "reference_logits",
@@ -47,7 +47,6 @@ MS_DOMAIN = "com.microsoft"
 ROPE_THETA = 10000.0
 RMS_EPS = 1e-5
 LOGIT_STD = 2.5
-AUX_LAYERS_METADATA_KEY = "decoctl.aux_hidden_state_layers"
 
 _FLOAT = TensorProto.FLOAT
 _INT64 = TensorProto.INT64
@@ -101,7 +100,7 @@ def build_genai_model(
     vocab: int | None = None,
     max_length: int = 256,
     hidden_states: bool = False,
-    aux_hidden_state_layers: Sequence[int] = (),
+    tap_layers: Sequence[int] = (),
     logits_all_positions: bool = True,
     tree_inputs: bool = False,
     eos_token_id: int | Sequence[int] = EOS_TOKEN_ID,
@@ -123,10 +122,12 @@ def build_genai_model(
     the last position only, when ``logits_all_positions`` is false); ``present.{i}.key`` / ``.value``
     float32[batch_size, num_kv_heads, total_sequence_length, head_size]; with ``hidden_states``,
     ``hidden_states`` float32[batch_size, sequence_length, hidden], the final norm's OUTPUT (the lm_head
-    input), as the model builder's ``include_hidden_states`` writes it; with ``aux_hidden_state_layers``,
-    ``aux_hidden_states`` float32[batch_size, sequence_length, hidden * len(layers)], the residual stream
-    after each listed decoder layer (before the final norm), concatenated in the order given. The layers are
-    also recorded in the ONNX metadata under :data:`AUX_LAYERS_METADATA_KEY` (comma separated).
+    input), as the model builder's ``include_hidden_states`` writes it; with ``tap_layers``,
+    ``aux_hidden_states`` float32[batch_size, sequence_length, hidden * len(tap_layers)], the residual stream
+    entering each listed decoder layer (0: the token embeddings), concatenated in the order given: the taps an
+    EAGLE-3 head reads, as the builder's ``aux_hidden_state_layers`` and ``decoctl models enable-taps --layers``
+    write them (decoctl.model.taps). The layers are also recorded in the ONNX metadata under enable-taps' key, so
+    ``decoctl.tap_layers(folder)`` reads them.
 
     Attention is com.microsoft GroupQueryAttention with rotary embeddings inside the op, so the model runs
     with past and present bound to one preallocated buffer [1, num_kv_heads, max_length, head_size]
@@ -143,11 +144,11 @@ def build_genai_model(
     folder, vocab_size = _prepare_folder(path, vocab, max_length)
     dims = _Dims(num_layers, hidden, num_heads, num_kv_heads, vocab_size, max_length)
     dims.check()
-    taps = _check_taps(aux_hidden_state_layers, num_layers)
+    taps = _check_taps(tap_layers, num_layers)
     weights = _random_weights(dims, seed)
     model = _genai_graph(weights, dims, hidden_states, taps, logits_all_positions, tree_inputs, local_window_size)
     if taps:
-        helper.set_model_props(model, {AUX_LAYERS_METADATA_KEY: ",".join(map(str, taps))})
+        helper.set_model_props(model, {TAP_LAYERS_KEY: ",".join(map(str, taps))})
     onnx.save_model(model, folder / "model.onnx")
     _write_json(folder / "genai_config.json", _genai_config(dims, eos_token_id, tree_inputs))
     return folder
@@ -281,7 +282,9 @@ def _write_json(path: Path, content: dict[str, object]) -> None:
 def _check_taps(layers: Sequence[int], num_layers: int) -> tuple[int, ...]:
     taps = tuple(int(layer) for layer in layers)
     if any(not 0 <= layer < num_layers for layer in taps):
-        raise ValueError(f"aux_hidden_state_layers={taps} must lie in [0, {num_layers})")
+        raise ValueError(
+            f"tap_layers={taps}: each is a decoder layer whose entering residual stream is tapped, in [0, {num_layers})"
+        )
     return taps
 
 
@@ -552,11 +555,13 @@ def _genai_graph(
     cos, sin = g.tensor("cos_cache", cos_table), g.tensor("sin_cache", sin_table)
     tree = ("position_ids", "attention_bias") if tree_inputs else ()
     attention = _gqa_attention(g, dims, [seqlens_k, total_length, cos, sin, *tree], local_window_size)
-    residuals = _decoder_layers(g, dims, _embed(g), attention, fused=True)
+    embedded = _embed(g)
+    residuals = _decoder_layers(g, dims, embedded, attention, fused=True)
     last_only = not logits_all_positions
     _lm_head(g, residuals[-1], fused=True, hidden_states=hidden_states, last_only=last_only)
     if taps:
-        tapped = [residuals[t] for t in taps]
+        entering = [embedded, *residuals]  # entry i: the residual stream entering decoder layer i
+        tapped = [entering[t] for t in taps]
         g.op("Concat", tapped, "/model/aux_hidden_states", output="aux_hidden_states", axis=-1)
     return g.model(_genai_inputs(dims, tree_inputs), _genai_outputs(dims, hidden_states, taps, last_only))
 

@@ -13,8 +13,8 @@ import pytest
 from onnx import numpy_helper
 from tokenizers import Tokenizer
 
+from decoctl import tap_layers
 from decoctl.testing import (
-    AUX_LAYERS_METADATA_KEY,
     BOS_TOKEN_ID,
     EOS_TOKEN_ID,
     PAD_TOKEN_ID,
@@ -251,7 +251,7 @@ def test_both_layouts_compute_the_same_function_from_one_seed(tmp_path: Path) ->
 def test_optional_outputs_appear_exactly_when_requested(
     tmp_path: Path, hidden_states: bool, taps: tuple[int, ...], expected: set[str]
 ) -> None:
-    session = _session(build_genai_model(tmp_path, hidden_states=hidden_states, aux_hidden_state_layers=taps))
+    session = _session(build_genai_model(tmp_path, hidden_states=hidden_states, tap_layers=taps))
     outputs = {o.name: o.shape for o in session.get_outputs()}
     presents = {f"present.{i}.{kind}" for i in range(2) for kind in ("key", "value")}
     assert set(outputs) == {"logits"} | presents | expected
@@ -268,14 +268,16 @@ def test_hidden_states_is_the_final_norm_output(tmp_path: Path) -> None:
     np.testing.assert_allclose(hidden @ lm_head, logits, atol=ATOL)
 
 
-def test_aux_hidden_states_concatenates_layer_outputs_in_the_order_given(tmp_path: Path) -> None:
-    folder = build_genai_model(tmp_path, seed=7, hidden_states=True, aux_hidden_state_layers=(1, 0))
-    aux, hidden = _run_outputs(folder, _tokens(6), ["aux_hidden_states", "hidden_states"])
-    last_layer = aux[..., :64]
-    normed = last_layer / np.sqrt(np.mean(last_layer**2, axis=-1, keepdims=True) + 1e-5)
-    np.testing.assert_allclose(normed * _initializer(folder, "model.final_norm"), hidden, atol=ATOL)
-    metadata = {p.key: p.value for p in onnx.load(folder / "model.onnx").metadata_props}
-    assert metadata[AUX_LAYERS_METADATA_KEY] == "1,0"
+def test_tap_layer_i_is_the_residual_stream_entering_layer_i_in_the_order_given(tmp_path: Path) -> None:
+    """Tap 0 enters the first layer: it is the token embedding. (tests/test_enable_taps.py checks every tap against
+    the stream enable-taps reads at each layer's input norm.)"""
+    folder = build_genai_model(tmp_path, seed=7, hidden_states=True, tap_layers=(1, 0))
+    tokens = _tokens(6)
+    (aux,) = _run_outputs(folder, tokens, ["aux_hidden_states"])
+    entering_first = aux[..., 64:]
+    np.testing.assert_array_equal(entering_first, _initializer(folder, "model.embed_tokens")[tokens])
+    assert np.abs(aux[..., :64] - entering_first).max() > 0.1
+    assert tap_layers(folder) == (1, 0)
 
 
 def test_last_position_logits_model_emits_one_row(tmp_path: Path) -> None:
@@ -369,9 +371,9 @@ def test_impossible_sizes_raise(tmp_path: Path, sizes: dict[str, int]) -> None:
         build_genai_model(tmp_path, **sizes)
 
 
-def test_aux_layer_out_of_range_raises(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="aux_hidden_state_layers"):
-        build_genai_model(tmp_path, aux_hidden_state_layers=(2,))
+def test_a_tap_layer_out_of_range_raises(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"tap_layers=\(2,\).*in \[0, 2\)"):
+        build_genai_model(tmp_path, tap_layers=(2,))
 
 
 # --------------------------------------------------------------------------------------- tokenizer

@@ -23,9 +23,9 @@ from decoctl import (
     register_role_default,
     resolve_model,
 )
+from decoctl.model.eagle_graph import EAGLE1, EAGLE3, FEATURES, HeadDims, write_head
 from decoctl_eagle.checkpoint import WEIGHT_FILES, read_checkpoint
 from decoctl_eagle.controller import HEAD
-from decoctl_eagle.head_onnx import EAGLE1, EAGLE3, FEATURES, HeadDims, write_head
 from decoctl_eagle.target import Target, read_target
 
 __all__ = ["HeadInfo", "ImportedHead", "describe_head", "import_head", "register_head", "target_mismatches"]

@@ -15,19 +15,18 @@ from typing import Any
 import attrs
 import numpy as np
 
-from decoctl import ConfigError, ModelLoadError
+from decoctl import ConfigError, ModelLoadError, tap_layers
 
-__all__ = ["AUX_LAYERS_METADATA_KEY", "Target", "read_target"]
+__all__ = ["Target", "read_target"]
 
-#: the ONNX metadata key that lists a graph's aux hidden-state layers (decoctl.testing writes it)
-AUX_LAYERS_METADATA_KEY = "decoctl.aux_hidden_state_layers"
 _PASS_THROUGH = ("Cast", "Identity", "Reshape", "Slice", "Squeeze", "Unsqueeze")
 
 
 @attrs.frozen(kw_only=True)
 class Target:
     """A target model folder as a head sees it. ``hidden_states`` / ``aux_hidden_states``: the widths of those
-    outputs, None when the graph has none; ``aux_layers``: the tapped layers when the graph records them."""
+    outputs, None when the graph has none; ``aux_layers``: the layers whose entering residual stream the taps are,
+    when the graph records them (decoctl.tap_layers)."""
 
     name: str
     folder: Path
@@ -176,8 +175,6 @@ def read_target(folder: str | Path, *, name: str | None = None) -> Target:
 
     model_proto = onnx.load_model(str(onnx_file), load_external_data=False)
     widths = {output.name: _last_dim(output) for output in model_proto.graph.output}
-    metadata = {entry.key: entry.value for entry in model_proto.metadata_props}
-    taps = tuple(int(t) for t in metadata.get(AUX_LAYERS_METADATA_KEY, "").split(",") if t.strip())
     return Target(
         name=name or path.name,
         folder=path,
@@ -188,7 +185,7 @@ def read_target(folder: str | Path, *, name: str | None = None) -> Target:
         context_length=context,
         hidden_states=widths.get("hidden_states"),
         aux_hidden_states=widths.get("aux_hidden_states"),
-        aux_layers=taps,
+        aux_layers=tap_layers(path) or (),
         input_ids=input_ids,
     )
 

@@ -23,9 +23,9 @@ def tapped_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_genai_model(
         tmp_path_factory.mktemp("tapped"),
         seed=43,
-        num_layers=2,
+        num_layers=3,
         hidden_states=True,
-        aux_hidden_state_layers=(0, 1),
+        tap_layers=(0, 1, 2),
         tree_inputs=True,
     )
 
@@ -54,7 +54,7 @@ def test_the_head_reads_the_taps_through_fc_and_its_own_rows_unchanged(tapped_ta
     taps = reference_outputs(tapped_target, [1, *ids])["aux_hidden_states"][:-1]
     hidden = 64
     graph = onnx.load_model(str(eagle3_head / "model.onnx")).graph
-    fc = next(numpy_helper.to_array(t) for t in graph.initializer if t.name == "model.fc")
+    fc = next(numpy_helper.to_array(t) for t in graph.initializer if t.name == "fc.weight")  # stored [in, out]
     from_target = np.concatenate([taps, np.zeros((len(ids), hidden), np.float32)], axis=1)
     from_own = np.concatenate([np.zeros_like(taps), taps @ fc], axis=1)
     first = reference_outputs(eagle3_head, ids, features=from_target)
@@ -65,8 +65,14 @@ def test_the_head_reads_the_taps_through_fc_and_its_own_rows_unchanged(tapped_ta
 def test_an_eagle3_head_on_a_target_without_taps_names_enable_taps(
     eagle3_head: Path, tmp_path: Path, registry: PluginRegistry
 ) -> None:
-    untapped = build_genai_model(tmp_path / "untapped", seed=43, num_layers=2, hidden_states=True, tree_inputs=True)
+    untapped = build_genai_model(tmp_path / "untapped", seed=43, num_layers=3, hidden_states=True, tree_inputs=True)
     generator = Generator({"target": untapped, "eagle": eagle3_head}, "eagle", registry=registry)
     with pytest.raises(GenerationError, match="decoctl models enable-taps") as caught:
         generator.generate(PROMPT, max_new_tokens=4)
     assert isinstance(caught.value.__cause__, CapabilityError)
+
+
+def test_a_random_eagle3_head_needs_a_target_with_three_taps(tmp_path: Path) -> None:
+    two_taps = build_genai_model(tmp_path / "two", seed=43, num_layers=3, tap_layers=(1, 2))
+    with pytest.raises(ValueError, match=r"aux_hidden_states of width 128; .* tap_layers=\(low, middle, high\)"):
+        build_eagle3_head(tmp_path / "head", two_taps)

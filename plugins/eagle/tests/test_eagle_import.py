@@ -39,7 +39,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
         num_layers=3,
         hidden=published.HIDDEN,
         hidden_states=True,
-        aux_hidden_state_layers=(0, 1, 2),
+        tap_layers=(0, 1, 2),
         tree_inputs=True,
     )
 

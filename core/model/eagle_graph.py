@@ -1,0 +1,511 @@
+"""EAGLE draft heads as ONNX folders the eagle controller runs as role "eagle": one writer from a head's weights.
+
+Every EAGLE-3 head decoctl writes comes from here: the published heads ``decoctl eagle import`` converts, the heads
+``decoctl eagle train`` exports, and the random heads of ``decoctl.testing`` (``build_eagle3_head``). Weights are
+numpy arrays named and laid out as the torch module's state dict (``fc.weight`` [out, in]); the decoder layer is
+``layers.0.`` (EAGLE-3's ``midlayer.`` is renamed before it gets here). :func:`write_head` writes a head's folder
+from its weights; :func:`save_head` writes the folder of a graph built elsewhere (``decoctl.testing``'s EAGLE-1
+heads, whose layer is the testing targets' own).
+
+The interface the controller drives. Head position i is fed the token x_{i+1} and a feature row; it returns the
+logits of x_{i+2} and, as ``hidden_states``, the feature the next drafted position is fed. Both architectures take
+the features through one input, ``target_hidden_states``:
+
+* ``eagle-1`` (EAGLE-1 and EAGLE-2 heads; Li et al. 2024): feature width H, the target's final hidden state (its
+  lm_head input) while synced, the head's own output while drafting::
+
+      x = fc(concat(embed(x_{i+1}), f_i)) + fc.bias
+      h = x + attn(x); h = h + mlp(post_attention_layernorm(h))   (a Llama layer without input_layernorm)
+      hidden_states = h; logits = lm_head(h)                      (the target's lm_head; no norm)
+
+* ``eagle-3`` (Li et al., EAGLE-3, 2025): feature width 4H, laid out [taps (3H), own (H)]. The taps are the
+  target's ``aux_hidden_states``: the residual stream entering three decoder layers, low, middle and high
+  (decoctl.model.taps). While synced the taps are the target's and own is zero; while drafting the taps are zero
+  and own is the head's previous ``hidden_states``. fc has no bias, so one graph computes both cases exactly::
+
+      x = fc(taps) + own
+      a = x + attn(concat(input_layernorm(embed(x_{i+1})), hidden_norm(x)))     (q, k, v over 2H)
+      h = a + mlp(post_attention_layernorm(a))
+      hidden_states = h; logits = scatter(lm_head(norm(h)))
+
+  ``lm_head`` [Vd, H] covers the draft vocabulary; draft token d is target token d + d2t[d], and the Vd logits are
+  scattered into a row of -inf over the target's vocabulary (the controller never proposes a token it cannot).
+
+The layout is onnxruntime-genai's (GroupQueryAttention over a shared past/present buffer, rotary embeddings in
+the op), with the tree inputs ``position_ids`` and ``attention_bias`` that EAGLE-2 tree drafting needs.
+genai_config.json says ``"type": "eagle"`` and carries a ``"decoctl"`` section (architecture, sizes, and for
+imported or trained heads the target and the source) that ``decoctl eagle info`` reads. onnx is imported only
+when a graph is built (the decoctl[testing] extra, or the eagle plugin's dependencies).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from decoctl.errors import ConfigError
+from decoctl.model.capabilities import FEATURES
+
+__all__ = [
+    "ARCHITECTURES",
+    "EAGLE1",
+    "EAGLE3",
+    "FEATURES",
+    "LAYER",
+    "MODEL_TYPE",
+    "HeadDims",
+    "draft_ids",
+    "head_graph",
+    "inverse_frequencies",
+    "layer_weight_names",
+    "save_head",
+    "write_head",
+]
+
+EAGLE1 = "eagle-1"
+EAGLE3 = "eagle-3"
+ARCHITECTURES = (EAGLE1, EAGLE3)
+MODEL_TYPE = "eagle"
+LAYER = "layers.0."
+
+_IR_VERSION = 10  # onnxruntime 1.31 rejects the IR version onnx.helper writes by default
+_OPSET = 21
+_MS_DOMAIN = "com.microsoft"
+#: above this many bytes of weights the graph keeps them in model.onnx.data (protobuf stops at 2 GiB)
+_EXTERNAL_DATA_BYTES = 1 << 30
+
+
+@attrs.frozen(kw_only=True)
+class HeadDims:
+    """A head's sizes. ``vocab``: the target's vocabulary; ``draft_vocab``: the lm_head's rows (== vocab for an
+    eagle-1 head of :func:`head_graph`, whose lm_head is the target's). ``rope_scaling``: the config's table (None,
+    "linear", "llama3")."""
+
+    architecture: str = attrs.field(validator=attrs.validators.in_(ARCHITECTURES))
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    intermediate: int
+    vocab: int
+    draft_vocab: int
+    rms_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: Mapping[str, Any] | None = None
+
+    @property
+    def feature_size(self) -> int:
+        """The width of the features input: H (eagle-1), or three taps and the head's own feature (eagle-3)."""
+        return self.hidden if self.architecture == EAGLE1 else 4 * self.hidden
+
+    @property
+    def attention_input(self) -> int:
+        """The width q, k and v project from: H (eagle-1) or 2H (eagle-3's [embedding; feature])."""
+        return self.hidden if self.architecture == EAGLE1 else 2 * self.hidden
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every weight the graph takes, by name, with its shape (torch layout); optional ones are not listed."""
+        h, width = self.hidden, self.attention_input
+        q, kv = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
+        shapes: dict[str, tuple[int, ...]] = {
+            "embed_tokens.weight": (self.vocab, h),
+            "fc.weight": (h, 2 * h if self.architecture == EAGLE1 else 3 * h),
+            LAYER + "self_attn.q_proj.weight": (q, width),
+            LAYER + "self_attn.k_proj.weight": (kv, width),
+            LAYER + "self_attn.v_proj.weight": (kv, width),
+            LAYER + "self_attn.o_proj.weight": (h, q),
+            LAYER + "post_attention_layernorm.weight": (h,),
+            LAYER + "mlp.gate_proj.weight": (self.intermediate, h),
+            LAYER + "mlp.up_proj.weight": (self.intermediate, h),
+            LAYER + "mlp.down_proj.weight": (h, self.intermediate),
+            "lm_head.weight": (self.draft_vocab, h),
+        }
+        if self.architecture == EAGLE1:
+            shapes["fc.bias"] = (h,)
+        else:
+            shapes |= {
+                LAYER + "hidden_norm.weight": (h,),
+                LAYER + "input_layernorm.weight": (h,),
+                "norm.weight": (h,),
+                "d2t": (self.draft_vocab,),
+            }
+        return shapes
+
+    def optional_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Weights a head may have: attention biases (Qwen-style heads)."""
+        q, kv = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
+        return {
+            LAYER + "self_attn.q_proj.bias": (q,),
+            LAYER + "self_attn.k_proj.bias": (kv,),
+            LAYER + "self_attn.v_proj.bias": (kv,),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "architecture": self.architecture,
+            "hidden_size": self.hidden,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_size": self.head_size,
+            "intermediate_size": self.intermediate,
+            "vocab_size": self.vocab,
+            "draft_vocab_size": self.draft_vocab,
+            "rms_norm_eps": self.rms_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": dict(self.rope_scaling) if self.rope_scaling else None,
+        }
+
+
+def layer_weight_names() -> tuple[str, ...]:
+    """The decoder layer's weight names (without the ``layers.0.`` prefix) any architecture may hold."""
+    names = set()
+    for architecture in ARCHITECTURES:
+        dims = HeadDims(
+            architecture=architecture,
+            hidden=2,
+            num_heads=1,
+            num_kv_heads=1,
+            head_size=2,
+            intermediate=2,
+            vocab=2,
+            draft_vocab=2,
+        )
+        names |= {n.removeprefix(LAYER) for n in (*dims.shapes(), *dims.optional_shapes()) if n.startswith(LAYER)}
+    return tuple(sorted(names))
+
+
+# ------------------------------------------------------------------------------------------------ rotary tables
+
+
+def inverse_frequencies(dims: HeadDims) -> np.ndarray:
+    """float64[head_size / 2], with the config's rope_scaling applied ("linear" and Llama 3.1's "llama3")."""
+    inv = dims.rope_theta ** (-np.arange(0, dims.head_size, 2, dtype=np.float64) / dims.head_size)
+    scaling = dict(dims.rope_scaling or {})
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", None):
+        return inv
+    if kind == "linear":
+        return inv / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+        original = float(scaling["original_max_position_embeddings"])
+        wavelength = 2 * math.pi / inv
+        low_wavelength, high_wavelength = original / low, original / high
+        smooth = (original / wavelength - low) / (high - low)
+        smoothed = (1 - smooth) * inv / factor + smooth * inv
+        scaled = np.where(wavelength > low_wavelength, inv / factor, inv)
+        between = (wavelength <= low_wavelength) & (wavelength >= high_wavelength)
+        return np.where(between, smoothed, scaled)
+    raise ConfigError(
+        f"rope_scaling type {kind!r} is not supported by the EAGLE head writer (supported: default, linear, "
+        "llama3): the head cannot be converted exactly"
+    )
+
+
+def _rotary_tables(dims: HeadDims, max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    angles = np.outer(np.arange(max_length, dtype=np.float64), inverse_frequencies(dims))
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------ the graph
+
+
+class _Graph:
+    """Nodes and initializers; each op returns its output's name."""
+
+    def __init__(self) -> None:
+        from onnx import helper, numpy_helper
+
+        self._helper, self._numpy_helper = helper, numpy_helper
+        self.nodes: list[Any] = []
+        self.initializers: list[Any] = []
+        self._stored: set[str] = set()
+
+    def tensor(self, name: str, array: np.ndarray) -> str:
+        if name not in self._stored:
+            self._stored.add(name)
+            self.initializers.append(self._numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def ints(self, *values: int) -> str:
+        return self.tensor(f"/const/int64/{list(values)}", np.array(values, dtype=np.int64))
+
+    def scalar_int(self, value: int) -> str:
+        return self.tensor(f"/const/int64/{value}", np.array(value, dtype=np.int64))
+
+    def op(self, op_type: str, inputs: list[str], name: str, *, output: str | None = None, **attributes: Any) -> str:
+        return self.ops(op_type, inputs, name, outputs=[output or f"{name}/output_0"], **attributes)[0]
+
+    def ops(
+        self, op_type: str, inputs: list[str], name: str, *, outputs: list[str], domain: str = "", **attributes: Any
+    ) -> list[str]:
+        self.nodes.append(self._helper.make_node(op_type, inputs, outputs, name=name, domain=domain, **attributes))
+        return outputs
+
+    def linear(self, x: str, weights: Mapping[str, np.ndarray], key: str, name: str) -> str:
+        """x @ W.T (+ bias when the weights hold ``key``'s bias)."""
+        y = self.op("MatMul", [x, self.tensor(key, _f32(weights[key]).T)], f"{name}/MatMul")
+        bias = key.removesuffix(".weight") + ".bias"
+        if bias in weights:
+            y = self.op("Add", [y, self.tensor(bias, _f32(weights[bias]))], f"{name}/Add")
+        return y
+
+    def rms_norm(self, x: str, weights: Mapping[str, np.ndarray], key: str, eps: float, name: str) -> str:
+        scale = self.tensor(key, _f32(weights[key]))
+        return self.op("SimplifiedLayerNormalization", [x, scale], name, axis=-1, epsilon=float(eps), stash_type=1)
+
+
+def _f32(array: np.ndarray) -> np.ndarray:
+    return np.asarray(array, dtype=np.float32)
+
+
+def draft_ids(dims: HeadDims, weights: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """int64[Vd], the target token of each lm_head row (d + d2t[d]); None when the rows are the whole vocabulary in
+    order. ConfigError when they are not distinct ids of the target's vocabulary."""
+    if dims.architecture == EAGLE1:
+        return None
+    d2t = np.asarray(weights["d2t"]).astype(np.int64)
+    ids = np.arange(dims.draft_vocab, dtype=np.int64) + d2t
+    if ids.min() < 0 or ids.max() >= dims.vocab or len(np.unique(ids)) != ids.size:
+        raise ConfigError(
+            f"tensor d2t maps the {dims.draft_vocab} draft tokens to target ids that are not distinct ids below the "
+            f"target's vocabulary {dims.vocab} (draft token d is target token d + d2t[d]): the head was made for "
+            "another target"
+        )
+    if dims.draft_vocab == dims.vocab and (ids == np.arange(dims.vocab)).all():
+        return None
+    return ids
+
+
+def head_graph(dims: HeadDims, weights: Mapping[str, np.ndarray], *, max_length: int, tree_inputs: bool = True) -> Any:
+    """The head's onnx.ModelProto (see the module docstring). ``weights``: every name of ``dims.shapes()``."""
+    from onnx import TensorProto, helper
+
+    g = _Graph()
+    h = dims.hidden
+    # GroupQueryAttention's lengths from the attention mask, node for node as onnxruntime-genai's builder writes
+    # them (decoctl.model.fed_lengths then feeds them directly)
+    mask = "/model/attn_mask_reformat"
+    summed = g.op("ReduceSum", ["attention_mask", g.ints(1)], f"{mask}/ReduceSum", keepdims=0)
+    seqlens = g.op("Sub", [summed, g.scalar_int(1)], f"{mask}/Sub")
+    seqlens_k = g.op("Cast", [seqlens], f"{mask}/Sub/Cast", to=TensorProto.INT32)
+    shape = g.op("Shape", ["attention_mask"], f"{mask}/Shape")
+    width = g.op("Gather", [shape, g.scalar_int(1)], f"{mask}/Gather", axis=0)
+    total_length = g.op("Cast", [width], f"{mask}/Gather/Cast", to=TensorProto.INT32)
+
+    embedded = g.op(
+        "Gather", [g.tensor("embed_tokens.weight", _f32(weights["embed_tokens.weight"])), "input_ids"], "/embed"
+    )
+    if dims.architecture == EAGLE1:
+        joined = g.op("Concat", [embedded, FEATURES], "/eagle/Concat", axis=-1)
+        attention_in = residual = g.linear(joined, weights, "fc.weight", "/eagle/fc")  # with fc.bias
+    else:
+        taps = g.op("Slice", [FEATURES, g.ints(0), g.ints(3 * h), g.ints(-1)], "/eagle/Taps")
+        own = g.op("Slice", [FEATURES, g.ints(3 * h), g.ints(4 * h), g.ints(-1)], "/eagle/Own")
+        x = g.op("Add", [g.linear(taps, weights, "fc.weight", "/eagle/fc"), own], "/eagle/Feature")
+        normed_embedding = g.rms_norm(embedded, weights, LAYER + "input_layernorm.weight", dims.rms_eps, "/eagle/in")
+        normed_feature = g.rms_norm(x, weights, LAYER + "hidden_norm.weight", dims.rms_eps, "/eagle/hidden_norm")
+        attention_in = g.op("Concat", [normed_embedding, normed_feature], "/eagle/Joined", axis=-1)
+        residual = x
+
+    p = "/model/layers.0"
+    q = g.linear(attention_in, weights, LAYER + "self_attn.q_proj.weight", f"{p}/attn/q_proj")
+    k = g.linear(attention_in, weights, LAYER + "self_attn.k_proj.weight", f"{p}/attn/k_proj")
+    v = g.linear(attention_in, weights, LAYER + "self_attn.v_proj.weight", f"{p}/attn/v_proj")
+    cos_table, sin_table = _rotary_tables(dims, max_length)
+    tree = ["position_ids", "attention_bias"] if tree_inputs else []
+    attention = f"{p}/attn/GroupQueryAttention"
+    context = g.ops(
+        "GroupQueryAttention",
+        [
+            q,
+            k,
+            v,
+            "past_key_values.0.key",
+            "past_key_values.0.value",
+            seqlens_k,
+            total_length,
+            g.tensor("cos_cache", cos_table),
+            g.tensor("sin_cache", sin_table),
+            *tree,
+        ],
+        attention,
+        outputs=[f"{attention}/output_0", "present.0.key", "present.0.value"],
+        domain=_MS_DOMAIN,
+        num_heads=dims.num_heads,
+        kv_num_heads=dims.num_kv_heads,
+        do_rotary=1,
+        rotary_interleaved=0,
+        scale=float(dims.head_size**-0.5),
+    )[0]
+    out = g.linear(context, weights, LAYER + "self_attn.o_proj.weight", f"{p}/attn/o_proj")
+    x = g.op("Add", [residual, out], f"{p}/attn/Residual")
+    normed = g.rms_norm(x, weights, LAYER + "post_attention_layernorm.weight", dims.rms_eps, f"{p}/post_norm")
+    gate = g.linear(normed, weights, LAYER + "mlp.gate_proj.weight", f"{p}/mlp/gate_proj")
+    silu = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}/mlp/Sigmoid")], f"{p}/mlp/SiLU")
+    up = g.linear(normed, weights, LAYER + "mlp.up_proj.weight", f"{p}/mlp/up_proj")
+    down = g.linear(g.op("Mul", [silu, up], f"{p}/mlp/GateMul"), weights, LAYER + "mlp.down_proj.weight", f"{p}/mlp")
+    x = g.op("Add", [x, down], f"{p}/mlp/Residual")
+    g.op("Identity", [x], "/eagle/hidden_states", output="hidden_states")
+
+    head_in = x if dims.architecture == EAGLE1 else g.rms_norm(x, weights, "norm.weight", dims.rms_eps, "/model/norm")
+    lm_head = g.tensor("lm_head.weight", _f32(weights["lm_head.weight"]).T)
+    ids = draft_ids(dims, weights)
+    if ids is None:
+        g.op("MatMul", [head_in, lm_head], "/lm_head/MatMul", output="logits")
+    else:
+        small = g.op("MatMul", [head_in, lm_head], "/lm_head/MatMul")
+        small_shape = g.op("Shape", [small], "/lm_head/Shape")
+        leading = g.op("Slice", [small_shape, g.ints(0), g.ints(2), g.ints(0)], "/lm_head/Leading")
+        full_shape = g.op("Concat", [leading, g.ints(dims.vocab)], "/lm_head/FullShape", axis=0)
+        fill = g.tensor("/lm_head/neg_inf", np.array([-np.inf], np.float32))
+        rows = g.op("Expand", [fill, full_shape], "/lm_head/Fill")
+        index = g.op("Expand", [g.tensor("draft_ids", ids.reshape(1, 1, -1)), small_shape], "/lm_head/Index")
+        g.op("ScatterElements", [rows, index, small], "/lm_head/Scatter", output="logits", axis=2)
+
+    def value(name: str, elem_type: int, shape: list[int | str]) -> Any:
+        return helper.make_tensor_value_info(name, elem_type, shape)
+
+    kv_shape: list[int | str] = ["batch_size", dims.num_kv_heads, "past_sequence_length", dims.head_size]
+    present_shape: list[int | str] = ["batch_size", dims.num_kv_heads, "total_sequence_length", dims.head_size]
+    inputs = [
+        value("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+        value(FEATURES, TensorProto.FLOAT, ["batch_size", "sequence_length", dims.feature_size]),
+        value("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
+    ]
+    if tree_inputs:
+        inputs.append(value("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
+        bias_shape: list[int | str] = ["batch_size", 1, "sequence_length", "total_sequence_length"]
+        inputs.append(value("attention_bias", TensorProto.FLOAT, bias_shape))
+    inputs += [
+        value("past_key_values.0.key", TensorProto.FLOAT, kv_shape),
+        value("past_key_values.0.value", TensorProto.FLOAT, kv_shape),
+    ]
+    outputs = [
+        value("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", dims.vocab]),
+        value("present.0.key", TensorProto.FLOAT, present_shape),
+        value("present.0.value", TensorProto.FLOAT, present_shape),
+        value("hidden_states", TensorProto.FLOAT, ["batch_size", "sequence_length", h]),
+    ]
+    graph = helper.make_graph(g.nodes, f"decoctl_{dims.architecture}_head", inputs, outputs, g.initializers)
+    opsets = [helper.make_opsetid("", _OPSET), helper.make_opsetid(_MS_DOMAIN, 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=_IR_VERSION, producer_name="decoctl-eagle")
+
+
+def write_head(
+    folder: str | Path,
+    dims: HeadDims,
+    weights: Mapping[str, np.ndarray],
+    *,
+    target_dir: str | Path,
+    target_name: str,
+    source: str = "",
+    tree_inputs: bool = True,
+) -> Path:
+    """Write the head's folder from its weights (every name of ``dims.shapes()``): :func:`head_graph` at the
+    target's context length, saved by :func:`save_head` with the target and the source recorded.
+
+    :param target_dir: the target's onnxruntime-genai folder (genai_config.json, tokenizer files).
+    :param target_name: how the target was named (recorded in the config, shown by ``decoctl eagle info``).
+    :param source: where the weights came from, in words (recorded too).
+    :returns: the folder.
+    """
+    target = Path(target_dir)
+    max_length = int(_target_model(target)["context_length"])
+    model = head_graph(dims, weights, max_length=max_length, tree_inputs=tree_inputs)
+    record = {"target": target_name, "target_path": str(target.resolve()), "source": source}
+    return save_head(
+        folder, model, dims, target_dir=target, max_length=max_length, tree_inputs=tree_inputs, record=record
+    )
+
+
+def save_head(
+    folder: str | Path,
+    model: Any,
+    dims: HeadDims,
+    *,
+    target_dir: str | Path,
+    max_length: int,
+    tree_inputs: bool,
+    record: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write a head's folder around its graph ``model`` (an onnx.ModelProto whose rotary tables cover
+    ``max_length`` positions): model.onnx (+ model.onnx.data for a large head), genai_config.json with the target's
+    special tokens, the context length ``max_length``, ``"type": "eagle"`` and a ``decoctl`` section (``dims`` and
+    ``record``), and the target's tokenizer files. Files of an earlier head in ``folder`` are replaced.
+
+    :param target_dir: the target's onnxruntime-genai folder (genai_config.json, tokenizer files).
+    :returns: the folder.
+    """
+    import onnx
+
+    target = Path(target_dir)
+    target_model = _target_model(target)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("model.onnx", "model.onnx.data"):
+        (out / stale).unlink(missing_ok=True)
+    large = sum(t.ByteSize() for t in model.graph.initializer) > _EXTERNAL_DATA_BYTES
+    onnx.save_model(
+        model,
+        str(out / "model.onnx"),
+        save_as_external_data=large,
+        all_tensors_to_one_file=True,
+        location="model.onnx.data",
+    )
+    config = _genai_config(dims, target_model, max_length, tree_inputs)
+    config["decoctl"] = {**dims.to_json(), **(record or {})}
+    (out / "genai_config.json").write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (target / name).is_file():
+            shutil.copyfile(target / name, out / name)
+    return out
+
+
+def _target_model(target: Path) -> dict[str, Any]:
+    """The ``model`` table of the target's genai_config.json."""
+    return dict(json.loads((target / "genai_config.json").read_text(encoding="utf-8"))["model"])
+
+
+def _genai_config(
+    dims: HeadDims, target_model: Mapping[str, Any], max_length: int, tree_inputs: bool
+) -> dict[str, Any]:
+    """genai_config.json in the builder's shape: one layer, the features input, the target's tokens."""
+    inputs = {"input_ids": "input_ids", FEATURES: FEATURES, "attention_mask": "attention_mask"}
+    if tree_inputs:
+        inputs["position_ids"] = "position_ids"
+    inputs |= {"past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
+    decoder = {
+        "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+        "filename": "model.onnx",
+        "head_size": dims.head_size,
+        "hidden_size": dims.hidden,
+        "inputs": inputs,
+        "outputs": {
+            "logits": "logits",
+            "present_key_names": "present.%d.key",
+            "present_value_names": "present.%d.value",
+        },
+        "num_attention_heads": dims.num_heads,
+        "num_hidden_layers": 1,
+        "num_key_value_heads": dims.num_kv_heads,
+    }
+    search = {"do_sample": False, "max_length": max_length, "past_present_share_buffer": True}
+    model = {
+        "bos_token_id": target_model.get("bos_token_id"),
+        "context_length": max_length,
+        "decoder": decoder,
+        "eos_token_id": target_model.get("eos_token_id"),
+        "pad_token_id": target_model.get("pad_token_id"),
+        "type": MODEL_TYPE,
+        "vocab_size": dims.vocab,
+    }
+    return {"model": model, "search": search}
