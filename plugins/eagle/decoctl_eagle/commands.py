@@ -1,4 +1,4 @@
-"""``decoctl eagle train|import|info``: the subcommand the eagle plugin adds to decoctl (hook decoctl_commands).
+"""``decoctl eagle train|import|info|eval``: the subcommand the eagle plugin adds to decoctl (hook decoctl_commands).
 
 Only argparse is set up here, since decoctl builds every plugin's parser on each run; the work, and its imports
 (onnx, torch), happen in ``run``.
@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from decoctl import CommandSpec, ConfigError, PluginRegistry
@@ -21,7 +23,7 @@ TRAINER = "decoctl_eagle.train"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    commands = parser.add_subparsers(dest="eagle_command", required=True, metavar="{train,import,info}")
+    commands = parser.add_subparsers(dest="eagle_command", required=True, metavar="{train,import,info,eval}")
     train = commands.add_parser(
         "train",
         help="train a head for a target from its own features (decoctl eagle train --help for its options)",
@@ -50,6 +52,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "head", metavar="HEAD", help="an ONNX head (folder or registered name) or a published head's folder"
     )
     info.add_argument("--target", metavar="MODEL", help="check the head against this target")
+    evaluate = commands.add_parser(
+        "eval",
+        help="a head's top-1 agreement with its target and chain acceptance length on given text",
+        description="Run the target and an ONNX head through decoctl's runtime over text, as the trainer measures "
+        "its held-out figures: teacher-forced top-1 agreement of the head's draft with the target's greedy token, "
+        "agreement at each step of a chain, and the acceptance length of greedy chain drafting (a lower bound on "
+        "text that leaves the target's greedy path, exact on the target's own continuations).",
+    )
+    evaluate.add_argument(
+        "--target", required=True, metavar="MODEL", help="the target: registered name or onnxruntime-genai folder"
+    )
+    evaluate.add_argument("--head", required=True, metavar="HEAD", help="the ONNX head: registered name or folder")
+    evaluate.add_argument(
+        "--data", required=True, nargs="+", metavar="FILE", help="text files, or JSONL with a 'text' per line"
+    )
+    evaluate.add_argument("--steps", type=int, default=3, metavar="K", help="drafts per chain (3)")
+    evaluate.add_argument("--seq-len", type=int, default=256, metavar="N", help="tokens per window (256)")
+    evaluate.add_argument("--max-tokens", type=int, metavar="N", help="stop after the window that reaches N tokens")
+    evaluate.add_argument("--threads", type=int, help="onnxruntime's intra-op threads (default: its own choice)")
+    evaluate.add_argument("--json", type=Path, metavar="FILE", help="also write the figures to FILE as JSON")
 
 
 class _Verbatim(argparse.ArgumentParser):
@@ -67,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     command = args.eagle_command
     if command == "train":
         return _train(list(args.train_arguments))
+    if command == "eval":
+        return _evaluate(args)
     if importlib.util.find_spec("onnx") is None:
         raise ConfigError(f"decoctl eagle {command} reads and writes ONNX graphs: pip install 'decoctl-eagle[import]'")
     plugins = PluginRegistry()
@@ -92,6 +116,29 @@ def run(args: argparse.Namespace) -> int:
     return 0 if fits else 1
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from decoctl_eagle.evaluation import evaluate_head
+
+    result = evaluate_head(
+        args.target,
+        args.head,
+        args.data,
+        steps=args.steps,
+        seq_len=args.seq_len,
+        max_tokens=args.max_tokens,
+        threads=args.threads,
+    )
+    by_step = ", ".join(f"{a:.3f}" for a in result.agreement_by_step)
+    print(
+        f"{args.head} on {args.target}: top-1 {result.top1:.3f}, acceptance length {result.tau:.2f} (chain of "
+        f"{result.steps}; agreement by step {by_step}) over {result.positions} positions in {result.windows} windows"
+    )
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result.as_dict(), indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
 def _train(argv: list[str]) -> int:
     try:
         trainer: Any = importlib.import_module(TRAINER)
@@ -112,7 +159,7 @@ def _train(argv: list[str]) -> int:
 
 COMMAND = CommandSpec(
     name="eagle",
-    summary="EAGLE draft heads: train one for a target, import a published one, inspect one",
+    summary="EAGLE draft heads: train one for a target, import, inspect or measure one",
     add_arguments=add_arguments,
     run=run,
 )

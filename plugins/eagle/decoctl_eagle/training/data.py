@@ -23,7 +23,17 @@ import numpy as np
 
 from decoctl import ConfigError
 
-__all__ = ["DOCUMENT_BYTES", "distill", "documents", "fingerprint", "frequent_tokens", "read_prompts", "windows"]
+__all__ = [
+    "DOCUMENT_BYTES",
+    "distill",
+    "documents",
+    "file_windows",
+    "fingerprint",
+    "frequent_tokens",
+    "prompt_bos",
+    "read_prompts",
+    "windows",
+]
 
 #: a plain-text file is read in documents of about this many bytes (cut at a line end)
 DOCUMENT_BYTES = 1 << 20
@@ -117,6 +127,22 @@ def windows(ids: Sequence[int], seq_len: int, bos: int | None, *, shortest: int 
         window = ([bos] if bos is not None else []) + part
         if len(window) >= shortest:
             cut.append(np.asarray(window, np.int32))
+    return cut
+
+
+def prompt_bos(tokenizer: Any, bos_token_id: int | None) -> int | None:
+    """The BOS id the target's tokenizer puts before a prompt, or None when it puts none: what every window
+    starts with."""
+    probe = tokenizer.encode("a")
+    return bos_token_id if probe and bos_token_id is not None and probe[0] == bos_token_id else None
+
+
+def file_windows(paths: Sequence[str | Path], tokenizer: Any, seq_len: int, bos: int | None) -> list[np.ndarray]:
+    """Every window of the files' documents, in order: each document encoded by ``tokenizer`` and cut by
+    ``windows``."""
+    cut: list[np.ndarray] = []
+    for document in documents(paths):
+        cut.extend(windows(tokenizer.encode(document), seq_len, bos))
     return cut
 
 

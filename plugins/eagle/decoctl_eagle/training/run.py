@@ -308,14 +308,9 @@ def _windows(
     settings: dict[str, Any], model: Any, folder: Path, threads: int | None, say: Callable[[str], None]
 ) -> list:
     """Every window of the run's data (its files, then the distilled continuations), in a fixed order."""
-    tokenizer = model.tokenizer
-    bos = model.spec.bos_token_id
-    probe = tokenizer.encode("a")
-    bos = bos if probe and bos is not None and probe[0] == bos else None
+    bos = text.prompt_bos(model.tokenizer, model.spec.bos_token_id)
     seq_len = settings["seq_len"]
-    windows = []
-    for document in text.documents(settings["data"]):
-        windows.extend(text.windows(tokenizer.encode(document), seq_len, bos))
+    windows = text.file_windows(settings["data"], model.tokenizer, seq_len, bos)
     for ids in _distilled(settings, folder, threads, say):
         windows.extend(text.windows(ids, seq_len, bos))
     if not windows:
