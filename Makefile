@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 PROMPT ?= def fibonacci(n):
 
-.PHONY: setup setup-test demo test test-exports lint bench real-model-bench clean
+.PHONY: setup setup-test demo test test-exports lint bench real-model-bench eagle-demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,28 @@ real-model-bench: $(STAMP)
 	mkdir -p build
 	$(BIN)/decoctl bench -m $(GEMMA) --contenders greedy,raw-ort,ort-genai --prompts examples/real_model_prompts.jsonl \
 		--threads 1 -n 64 --repeats 3 --require-identical --json build/real-model-bench-$(GEMMA).json
+
+# an EAGLE-3 head for the demo target from a clean clone (docs/MODELS.md, "The EAGLE head"): the corpus from this
+# interpreter's standard library, the target's features, training and export into build/eagle-demo (about an hour on
+# one core; run it again after an interruption to go on), then that head and the bundled pycode-eagle measured the
+# same way on the held-out files
+EAGLE_DEMO := build/eagle-demo
+EAGLE_TRAIN_STAMP := $(VENV)/.installed-eagle-train
+$(EAGLE_TRAIN_STAMP): $(STAMP)
+	$(PIP) -e 'plugins/eagle[train]'
+	touch $@
+
+build/corpus/train.txt: tools/corpus.py
+	$(BIN)/python tools/corpus.py --out build/corpus
+
+eagle-demo: $(EAGLE_TRAIN_STAMP) build/corpus/train.txt
+	$(BIN)/decoctl eagle train --target pycode --data build/corpus/train.txt --out $(EAGLE_DEMO) --resume \
+		--arch eagle3 --draft-vocab 2048 --intermediate 512 --ttt-steps 2 --lr 1e-3 --max-tokens 2000000 \
+		--threads 1 --no-register
+	$(BIN)/decoctl eagle eval --target pycode --head $(EAGLE_DEMO)/head --data build/corpus/heldout.txt \
+		--threads 1 --json $(EAGLE_DEMO)/eval.json
+	$(BIN)/decoctl eagle eval --target pycode --head pycode-eagle --data build/corpus/heldout.txt \
+		--threads 1 --json $(EAGLE_DEMO)/eval-bundled.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info
