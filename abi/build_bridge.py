@@ -72,6 +72,7 @@ extern "Python" int32_t decoctl_py_score(void *, int32_t, double);
 extern "Python" int32_t decoctl_py_rank_outputs(void *, const int32_t *, int64_t);
 extern "Python" int32_t decoctl_py_process_outputs(void *, const float *, int64_t, int64_t, const int32_t *,
                                                    decoctl_rows *);
+extern "Python" int32_t decoctl_py_source_tokens(void *, const int64_t **, int64_t *);
 """
 
 HELPERS_CDEF = """
@@ -273,6 +274,8 @@ void decoctl_bridge_fill_table(decoctl_host *table, decoctl_bridge_host *mirror)
     table->score = decoctl_py_score;
     table->rank_outputs = decoctl_py_rank_outputs;
     table->process_outputs = decoctl_py_process_outputs;
+    /* ABI 1.4: an encoder-decoder target's source (decoctl.abi_host) */
+    table->source_tokens = decoctl_py_source_tokens;
 }
 
 #if defined(_WIN32)

@@ -1,5 +1,5 @@
 /*
- * decoctl.h: the decoctl C ABI, version 1.3 (DECOCTL_ABI_MAJOR.DECOCTL_ABI_MINOR below).
+ * decoctl.h: the decoctl C ABI, version 1.4 (DECOCTL_ABI_MAJOR.DECOCTL_ABI_MINOR below).
  *
  * A shared library exports ONE data symbol, `decoctl_plugin_entry` (a decoctl_plugin), listing the controllers
  * it provides. For each generation the host calls a controller's create() with a host table (decoctl_host): the
@@ -44,7 +44,7 @@ extern "C" {
 /* DECOCTL_CDEF_BEGIN: the cffi bridge (abi/build_bridge.py) reads the declarations up to DECOCTL_CDEF_END. */
 
 #define DECOCTL_ABI_MAJOR 1 /* a library whose major differs from the host's is refused at load */
-#define DECOCTL_ABI_MINOR 3 /* minors only add fields at the ends of structs: check struct_size */
+#define DECOCTL_ABI_MINOR 4 /* minors only add fields at the ends of structs: check struct_size */
 
 /* Status codes. */
 #define DECOCTL_OK 0
@@ -310,6 +310,17 @@ typedef struct decoctl_host {
      * configured (no copy), else host-owned memory valid until the next process or process_outputs call. */
     int32_t (*process_outputs)(void *host_data, const float *rows, int64_t n, int64_t width, const int32_t *outputs,
                                decoctl_rows *out_rows);
+
+    /* ---- added in ABI 1.4: check DECOCTL_HAS(host, decoctl_host, source_tokens) before calling ------------- */
+
+    /* The generation's source: the prompt's tokens as an encoder-decoder target's encoder read them (T5, BART,
+     * Marian: the prompt is the encoder's input, and the target's own tokens, tokens(), start from the decoder's
+     * start token instead). A drafter that copies from the prompt (prompt lookup over a summary, an edit, a
+     * translation of names) reads it here. *out_tokens points at *out_n int64 ids; a decoder-only target has no
+     * source: *out_n is 0 and *out_tokens NULL (its prompt is the start of the target's tokens()). out_tokens,
+     * out_n: non-NULL (else DECOCTL_ERR_ARGUMENT). Host-owned, zero-copy, read-only; the source does not change
+     * during a generation: valid until this instance's reset or destroy. */
+    int32_t (*source_tokens)(void *host_data, const int64_t **out_tokens, int64_t *out_n);
 } decoctl_host;
 
 /* One controller a library provides. Plugin-owned, static: valid for as long as the library is loaded. */

@@ -75,6 +75,8 @@ class ControllerInstance:
         # last process() output
         self._views: dict[Sequence, dict[str, tuple[np.ndarray, Any]]] = {}
         self._processed_views: dict[str, tuple[np.ndarray, Any]] = {}
+        # the bound generation's source (ABI 1.4 source_tokens): (its array, the pointer C holds) until the next bind
+        self._source: tuple[np.ndarray, Any] | None = None
         # step_rows' output per role handle (ABI 1.3) until the role's next change: (pointer, the debug-mode copy
         # or None); the copy is filled with NaN when that lifetime ends and kept alive a while (_retired_steps)
         self._step_outputs: dict[Any, tuple[Any, np.ndarray | None]] = {}
@@ -88,6 +90,7 @@ class ControllerInstance:
         self.host = host
         self._views.clear()
         self._processed_views.clear()
+        self._source = None
         self._step_outputs.clear()
         for name, handle in list(self._role_handles.items()):
             if host is not None and name in host.roles:
@@ -294,6 +297,16 @@ class ControllerInstance:
             pointer = ffi.from_buffer("float[]", np.ascontiguousarray(array, dtype=np.float32))
         views[kind] = (array, pointer)
         return pointer
+
+    def source_pointer(self) -> tuple[Any, int]:
+        """An ``int64_t *`` to the bound generation's source tokens and their count (``ffi.NULL`` and 0 for a
+        decoder-only target), alive until the next bind (a reset or destroy)."""
+        source = self._host().source_tokens
+        if not len(source):
+            return ffi.NULL, 0
+        if self._source is None or self._source[0] is not source:
+            self._source = (source, ffi.from_buffer("int64_t[]", np.ascontiguousarray(source, dtype=np.int64)))
+        return self._source[1], len(source)
 
     def error_text(self) -> Any:
         return self._error_text
@@ -589,6 +602,14 @@ def decoctl_py_host_error(host_data: Any) -> Any:
     return _current(host_data).error_text()
 
 
+def decoctl_py_source_tokens(host_data: Any, out_tokens: Any, out_n: Any) -> int:
+    instance = _current(host_data)
+    if out_tokens == ffi.NULL or out_n == ffi.NULL:
+        raise ConfigError("source_tokens(): out_tokens and out_n must not be NULL")
+    out_tokens[0], out_n[0] = instance.source_pointer()
+    return OK
+
+
 # every status-returning host function (and the queries the mirror answers in C, for what it cannot)
 _CALLBACKS: tuple[Callable[..., int], ...] = (
     decoctl_py_role,
@@ -611,6 +632,7 @@ _CALLBACKS: tuple[Callable[..., int], ...] = (
     decoctl_py_argmax,
     decoctl_py_uniform,
     decoctl_py_log_message,
+    decoctl_py_source_tokens,
 )
 
 

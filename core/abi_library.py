@@ -46,7 +46,7 @@ __all__ = [
 log = get_logger(__name__)
 
 ABI_MAJOR = 1
-ABI_MINOR = 3
+ABI_MINOR = 4
 ENTRY_SYMBOL = "decoctl_plugin_entry"
 MAX_CONTROLLERS = 1024  # more than this in one entry means the entry is garbage, not a big library
 

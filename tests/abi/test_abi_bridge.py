@@ -26,7 +26,7 @@ from decoctl import (
     PluginError,
     SequenceError,
 )
-from decoctl.abi import ffi, library_controller_spec, library_factory, load_library
+from decoctl.abi import ABI_MAJOR, ABI_MINOR, ffi, library_controller_spec, library_factory, load_library
 from decoctl.host import Host, Sequence
 from decoctl.model import load_model
 from decoctl.output import Output, StopRules
@@ -177,7 +177,7 @@ def test_forward_features_feeds_a_head_from_c_as_python_does(
         PROMPT, max_new_tokens=3
     )
     seen = result.stats.controller
-    assert (seen["abi_minor"], seen["has_forward_features"], seen["has_features"]) == (3, 1, 1)
+    assert (seen["abi_minor"], seen["has_forward_features"], seen["has_features"]) == (ABI_MINOR, 1, 1)
     assert result.tokens == generate(genai_model, "greedy", registry, n=3).tokens
     prompt = Generator({"target": genai_model}, registry=registry).tokenizer.encode(PROMPT)
     target = Sequence("target", load_model(genai_model, threads=1))
@@ -422,7 +422,7 @@ def test_a_library_of_several_controllers_without_a_name_lists_them(
     ("flag", "message"),
     [
         ("-DNO_ENTRY", "exports no decoctl_plugin_entry"),
-        ("-DWRONG_MAJOR", "built for decoctl ABI 99.0, but this host speaks ABI 1.3"),
+        ("-DWRONG_MAJOR", f"built for decoctl ABI 99.0, but this host speaks ABI {ABI_MAJOR}.{ABI_MINOR}"),
         ("-DSMALL_ENTRY", "decoctl_plugin_entry.struct_size is 8, less than"),
         ("-DSMALL_CONTROLLER", r"controllers\[0\]: struct_size is 8, less than"),
         ("-DNULL_STEP", "controller 'null_step': step is NULL, but it is required"),
