@@ -14,7 +14,8 @@ c(5) = 2.2, c(9) = 3.6 one-token forwards), so drafting more than the target wil
 where a is the per-token acceptance probability, c(n) the cost of a target forward over n tokens in one-token
 forwards, d the cost of one draft step (0 for prompt lookup), u(b) the cost of catching the drafter up on the b
 committed tokens it has not been fed yet (0 for a drafter that reports no catch-ups), and s = 1 when the catch-up's
-last row already gives the first draft (an EAGLE head: k drafts take k - 1 head forwards after it), else 0.
+last row already gives the first draft (an EAGLE head: k drafts take k - 1 head forwards after it; the catch-up's
+time then includes drafting that first token), else 0.
 Everything is learnt online from this generation's own steps, in the seconds its controller measured:
 
 - a per *bucket* (prompt lookup buckets by the length of the n-gram it matched; a draft model or head has one
@@ -94,7 +95,8 @@ class DraftLength:
     ) -> None:
         """One verify step: ``drafted`` tokens verified in ``verify_seconds`` (a forward over drafted + 1),
         ``accepted`` of them kept; ``draft_seconds`` spent drafting them after a catch-up that fed the drafter
-        ``catch_up_rows`` committed tokens in ``catch_up_seconds`` (0 rows: none)."""
+        ``catch_up_rows`` committed tokens in ``catch_up_seconds`` (0 rows: none). For a drafter whose catch-up gives
+        its first draft, ``catch_up_seconds`` include drafting that one and ``draft_seconds`` cover the rest."""
 
     def stats(self) -> dict[str, object]:
         return {"k_final": self.value}

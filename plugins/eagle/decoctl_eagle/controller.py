@@ -15,51 +15,65 @@ state, the lm_head's input) and the token after it. From it the head predicts th
 hidden_states output) and, through the target's final norm and lm_head, the token x_{i+2}.
 
 Invariant between steps, for a context c_0..c_{L-1} (prompt plus committed tokens): the target's KV cache holds
-c_0..c_{L-2}; the last token, the *pending* one, is fed with the next drafts. The head holds the pairs of positions
-0..L-2, every one built from the target's own features, never from the head's guesses; its last row (the *root*)
-predicts c_L, and its predicted feature f_{L-1}' is where drafting starts.
+c_0..c_{L-2}; the last token, the *pending* one, is fed with the next drafts. The head is fed lazily: it holds the
+pairs of positions 0..S-1 (S <= L-1), every one built from the target's own features, never from the head's guesses,
+and the controller keeps the target's features of positions S..L-2 with their tokens (the *backlog*) for it. Before
+the head drafts it *catches up*: it drops what it guessed since S and is fed the backlog in one forward (in chunks of
+the host's prefill_chunk); its last row (the *root*) predicts c_L, and its predicted feature f_{L-1}' is where
+drafting starts. A step that drafts nothing leaves the head alone, so a run that never drafts never runs it.
 
 One step:
-1. Draft from the root. Chain: K tokens, each further one from the head fed (the predicted feature, the drafted
-   token) at the next position. Tree (EAGLE-2): the root's top-k tokens are depth 1; at each further depth the head
-   is fed the k best candidates of the newest depth (by the cumulative log-probability of their paths) as an
-   extension of its own token tree, each with its parent's predicted feature, and the top-k children of each
-   become candidates; after D depths the N best candidates form the draft tree.
-2. Verify with ONE target forward over the pending token and the drafts (a chain, or the tree with tree=parents):
+1. Choose how much to draft. Chain: the draft-length rule (decoctl.draft_length, options adaptive, length_rule,
+   k_min, k_max) picks k before each verify; by default the cost rule, which may pick k = 0 (then the step is a plain
+   target step), prices the head's catch-up by the backlog's rows, and probes drafting again after a run of zeros.
+   With adaptive=false every step drafts k. Tree: every step drafts a tree of the fixed shape (depth, topk, nodes).
+2. Draft from the root, after the catch-up. Chain: up to k tokens, each further one from the head fed (the
+   predicted feature, the drafted token) at the next position. Tree (EAGLE-2): the root's top-k tokens are depth 1;
+   at each further depth the head is fed the k best candidates of the newest depth (by the cumulative
+   log-probability of their paths) as an extension of its own token tree, each with its parent's predicted feature,
+   and the top-k children of each become candidates; after D depths the N best candidates form the draft tree.
+3. Verify with ONE target forward over the pending token and the drafts (a chain, or the tree with tree=parents):
    decoctl.verify's Verifier processes the rows with each node's own prefix and accepts a path and one more token.
-3. Commit; keep the target's accepted path (rewind after a chain, keep(path) after a tree); rewind the head to its
-   synced length and feed it the accepted pairs: the target's true features at the pending token and at each
-   accepted draft, each with the token after it. That is m + 1 rows in one head forward, whose last row is the
-   next root: whatever the head guessed while drafting is dropped.
+4. Commit; keep the target's accepted path (rewind after a chain, keep(path) after a tree); add to the backlog the
+   accepted pairs: the target's true features at the pending token and at each accepted draft, each with the token
+   after it. Whatever the head guessed while drafting is dropped at its next catch-up.
 
 Acceptance (lossless): greedy takes the target's argmax wherever it is. Sampling a chain, the drafts are drawn from
 the head's q: speculative sampling (accept with min(1, p/q), residual norm(max(0, p - q))). Sampling a tree, the
 tree is chosen deterministically (top-k, no randomness), so each child is a point-mass proposal: the children are
 tried in turn with the point-mass rule (decoctl.verify.choose_child). Every committed token is distributed as the
-target's (processed) distribution.
+target's (processed) distribution. The draft-length rule changes only what is drafted; since the cost rule follows
+measured time, a sampled generation's exact tokens for a seed can differ between runs (adaptive=false repeats them).
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from decoctl import CapabilityError, ConfigError, Host, Option
+from decoctl.draft_length import DraftLength, draft_length
+from decoctl.logs import get_logger
 from decoctl.verify import DraftTree, Verdict, Verifier, draw, log_probabilities, probabilities
 from decoctl_eagle.drafts import Candidates
 
 __all__ = ["HEAD", "OPTIONS", "Eagle", "capabilities_for", "check_options", "scratch_for"]
+
+log = get_logger(__name__)
 
 #: the role of the draft head
 HEAD = "eagle"
 DRAFTING = ("tree", "chain")
 
 OPTIONS = (
-    # defaults sized for a CPU, where a tree forward over 17 nodes costs ~2.4 one-token forwards: on the finished demo
-    # target (build/tuning_prompts.jsonl, the head trained for 13.5 M tokens) a chain of 2 gave 1.12x greedy, k=1
-    # 1.08x, k=3 1.07x, EAGLE-2's tree of depth 5, top-k 4, 16 nodes 0.62x (docs/BENCHMARKS.md)
+    # sized for a CPU, where a tree forward over 17 nodes costs ~2.4 one-token forwards: on the finished demo target
+    # (build/tuning_prompts.jsonl, the head trained for 13.5 M tokens) fixed chains of 2 gave 1.12x greedy, k=1 1.08x,
+    # k=3 1.07x, EAGLE-2's tree of depth 5, top-k 4, 16 nodes 0.62x (docs/BENCHMARKS.md); how much a chain pays
+    # depends on the prompt, so by default the cost rule chooses its length per step, down to drafting nothing
     Option(
         name="drafting",
         type="str",
@@ -67,14 +81,46 @@ OPTIONS = (
         choices=DRAFTING,
         help="tree: EAGLE-2 dynamic tree verified in one tree forward (needs tree inputs); chain: K tokens",
     ),
-    Option(name="k", type="int", default=2, minimum=1, maximum=64, help="chain: tokens drafted per step"),
+    Option(
+        name="k",
+        type="int",
+        default=2,
+        minimum=1,
+        maximum=64,
+        help="chain: tokens drafted per step when adaptive=false; where the adaptive rule starts",
+    ),
+    Option(
+        name="adaptive",
+        type="bool",
+        default=True,
+        help="chain: choose k before each step by length_rule within [k_min, k_max]; false: always k (a tree keeps "
+        "its fixed shape: depth, topk, nodes)",
+    ),
+    Option(
+        name="length_rule",
+        type="str",
+        default="cost",
+        choices=("cost", "schedule"),
+        help="adaptive chain: the length with most expected tokens per measured cost (head and verify time, the "
+        "head's catch-up included; 0 drafts a plain target step), or HF's grow/shrink schedule",
+    ),
+    Option(
+        name="k_min",
+        type="int",
+        default=0,
+        minimum=0,
+        maximum=64,
+        help="adaptive chain: the fewest tokens drafted per step (0: the cost rule may draft nothing; the schedule "
+        "drafts at least 1)",
+    ),
+    Option(name="k_max", type="int", default=8, minimum=1, maximum=64, help="adaptive chain: the most drafted"),
     Option(
         name="confidence",
         type="float",
         default=0.0,
         minimum=0.0,
         maximum=1.0,
-        help="chain: stop drafting before a token the head gives a lower probability (0: always draft k)",
+        help="chain: stop drafting before a token the head gives a lower probability (0: always draft the chosen k)",
     ),
     Option(name="depth", type="int", default=5, minimum=1, maximum=32, help="tree: draft depth D"),
     Option(
@@ -105,6 +151,7 @@ def capabilities_for(options: dict[str, Any]) -> dict[str, tuple[str, ...]]:
 
 def check_options(options: dict[str, Any]) -> None:
     if options["drafting"] != "tree":
+        _length_rule(options)  # bounds in the wrong order are refused here, before any model loads
         return
     most = _tree_capacity(options["depth"], options["topk"])
     if options["nodes"] > most:
@@ -118,8 +165,14 @@ def scratch_for(options: dict[str, Any]) -> int:
     """KV positions beyond the committed tokens: the verified drafts plus the pending token on the target, and
     the head's drafting positions."""
     if options["drafting"] == "chain":
-        return options["k"] + 1
+        return max(options["k"], options["k_max"]) + 1
     return max(options["nodes"], (options["depth"] - 1) * options["topk"]) + 1
+
+
+def _length_rule(options: dict[str, Any]) -> DraftLength:
+    """The chain's draft-length rule; the head's catch-up gives its first draft, so k drafts take k - 1 head
+    forwards after it."""
+    return draft_length(options, controller="eagle", first_from_catch_up=True)
 
 
 def _taps_width(target: Any, head: Any, hidden: int) -> int:
@@ -158,29 +211,41 @@ def _tree_capacity(depth: int, topk: int) -> int:
 
 
 class Eagle:
-    """Draft with the EAGLE head (a chain, or an EAGLE-2 dynamic tree), verify in one target forward; lossless."""
+    """Draft with the EAGLE head (a chain of a chosen length, or an EAGLE-2 dynamic tree), verify in one target
+    forward; lossless. ``clock``: what the draft-length rule's costs are measured with (seconds; tests give one that
+    does not depend on the machine)."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, options: dict[str, Any], *, clock: Callable[[], float] = time.perf_counter) -> None:
         check_options(options)
+        self._options = options
         self.tree = options["drafting"] == "tree"
-        self.k = int(options["k"])
         self.confidence = float(options["confidence"])
         self.depth = int(options["depth"])
         self.topk = int(options["topk"])
         self.nodes = int(options["nodes"])
         self.sampling = bool(options["sampling"])
         self.temperature = float(options["temperature"])
+        self.clock = clock
         self.verifier = Verifier(sampling=self.sampling, temperature=self.temperature)
         self._reset()
 
     def _reset(self) -> None:
+        #: the chain's draft-length rule; what it learnt belongs to one generation (a tree has none: fixed shape)
+        self.length: DraftLength | None = None if self.tree else _length_rule(self._options)
+        #: the head's last row and predicted feature after its last catch-up
         self._root: tuple[np.ndarray, np.ndarray] | None = None
         #: the width of the target's taps an EAGLE-3 head reads first in its features (0: an EAGLE-1 head)
         self._taps = 0
         self._hidden = 0
+        #: head positions fed the target's own features; the pairs after them wait in the backlog
         self._synced = 0
+        self._backlog_tokens: list[np.ndarray] = []
+        self._backlog_features: list[np.ndarray] = []
+        self._backlog = 0
+        self._debug = False
         self.committed = self.largest_tree = self.stopped_unsure = 0
-        self.draft_seconds = self.verify_seconds = self.prompt_head_seconds = 0.0
+        self.catch_ups = self.caught_up_rows = 0
+        self.draft_seconds = self.verify_seconds = self.catch_up_seconds = 0.0
 
     # -- set-up -----------------------------------------------------------------------------------------------
     def start(self, host: Host) -> None:
@@ -196,12 +261,11 @@ class Eagle:
             host.trace["eagle_prompt_refed"] = True
         self.verifier.start(host)
         head.rewind(0)
-        before = head.stats.seconds
         if len(prompt) > 1:
-            self._sync_head(host, prompt[1:], features[:-1], chunk=host.prefill_chunk)
-        # the generation's per-role stats cover decoding: the prompt's head work is counted here
-        self.prompt_head_seconds = head.stats.seconds - before
+            self._defer(prompt[1:], features[:-1])  # the head is fed them when it first drafts
+        self._debug = log.isEnabledFor(logging.DEBUG)
         host.trace["drafting"] = "eagle-2 dynamic tree" if self.tree else "eagle chain"
+        host.trace["draft_length"] = self._rule_name()
         host.trace["acceptance"] = self._mode()
 
     def _prompt_features(self, host: Host) -> np.ndarray:
@@ -239,39 +303,91 @@ class Eagle:
             return "greedy-exact-match"
         return "point-mass-rejection over tree children" if self.tree else "speculative-sampling (min(1, p/q))"
 
+    def _rule_name(self) -> str:
+        if self.tree:
+            return "tree (fixed shape)"
+        return self._options["length_rule"] if self._options["adaptive"] else "fixed"
+
     # -- one step -----------------------------------------------------------------------------------------------
     def step(self, host: Host) -> None:
-        room = self.verifier.room(host)
-        began = time.perf_counter()
         if self.tree:
-            tree = self._draft_tree(host, room)
+            self._tree_step(host)
         else:
-            drafts, q = self._draft_chain(host, room)
-        verifying = time.perf_counter()
-        self.draft_seconds += verifying - began
-        verdict: Verdict
-        if self.tree:
-            self.largest_tree = max(self.largest_tree, tree.size)
-            verdict = self.verifier.tree(host, tree)
-        else:
-            verdict = self.verifier.chain(host, drafts, q)
+            self._chain_step(host)
+
+    def _chain_step(self, host: Host) -> None:
+        assert self.length is not None  # every chain controller has its rule
+        clock = self.clock
+        began = clock()
+        k = self.length.choose(bucket=0, cap=self._chain_room(host), backlog=self._backlog)
+        rows = self.catch_up(host) if k else 0
+        caught = clock()
+        drafts, q, first = self._draft_chain(host, k) if k else ([], None, caught)
+        verifying = clock()
+        verdict = self.verifier.chain(host, drafts, q)
         # copied before the target moves on: the true features at the pending token and every accepted draft
         features = self._features(host.target, verdict.nodes)
-        self.verify_seconds += time.perf_counter() - verifying
+        verified = clock()
+        # the rule prices the catch-up with the first draft, which its last row gives, and each further draft apart
+        self.length.observe(
+            bucket=0,
+            drafted=len(drafts),
+            accepted=verdict.accepted,
+            verify_seconds=verified - verifying,
+            draft_seconds=verifying - first,
+            catch_up_rows=rows,
+            catch_up_seconds=first - began,
+        )
+        if self._debug:
+            log.debug("decoctl.eagle_step", k=k, drafted=len(drafts), accepted=verdict.accepted, caught_up=rows)
+        self._account(began, caught, verifying, verified, rows)
+        self._finish(host, verdict, features)
+
+    def _tree_step(self, host: Host) -> None:
+        clock = self.clock
+        began = clock()
+        room = self.verifier.room(host)
+        drafting = min(self.nodes, room) > 0 and self._synced + self._backlog > 0
+        rows = self.catch_up(host) if drafting else 0
+        caught = clock()
+        tree = self._draft_tree(host, room) if drafting else Candidates().tree(self.verifier.pending, 0)
+        verifying = clock()
+        self.largest_tree = max(self.largest_tree, tree.size)
+        verdict = self.verifier.tree(host, tree)
+        features = self._features(host.target, verdict.nodes)
+        verified = clock()
+        self._account(began, caught, verifying, verified, rows)
+        self._finish(host, verdict, features)
+
+    def _account(self, began: float, caught: float, verifying: float, verified: float, rows: int) -> None:
+        if rows:
+            self.catch_up_seconds += caught - began
+        self.draft_seconds += verifying - caught
+        self.verify_seconds += verified - verifying
+
+    def _finish(self, host: Host, verdict: Verdict, features: np.ndarray) -> None:
         self.committed += self.verifier.commit(host, verdict)
         if not host.done:
-            self._sync_head(host, verdict.tokens, features)
+            self._defer(verdict.tokens, features)
 
     # -- drafting -------------------------------------------------------------------------------------------------
-    def _draft_chain(self, host: Host, room: int) -> tuple[list[int], np.ndarray | None]:
-        """Up to k tokens and, when sampling, the float64[k, vocab] distributions they were drawn from."""
+    def _chain_room(self, host: Host) -> int:
+        """The most tokens a chain may draft now: what the verify takes, and what the head holds after catching up
+        (k drafts take k - 1 positions after its root); 0 while it has no pair to draft from."""
+        fed = self._synced + self._backlog
+        if not fed:
+            return 0
+        return min(self.verifier.room(host), host[HEAD].max_length - fed + 1)
+
+    def _draft_chain(self, host: Host, k: int) -> tuple[list[int], np.ndarray | None, float]:
+        """Up to k tokens from the root, when sampling the float64[k, vocab] distributions they were drawn from, and
+        the clock when the first was drafted (the rest took a head forward each)."""
+        assert self._root is not None  # a catch-up came first
         head = host[HEAD]
-        k = min(self.k, room, head.max_length - head.length + 1)
-        if self._root is None or k < 1:
-            return [], None
         row, feature = self._root
         drafts: list[int] = []
         qs: list[np.ndarray] = []
+        first: float | None = None
         for index in range(k):
             processed = host.process(row[None, :], paths=[list(drafts)])
             # the head's doubt predicts a rejection (EAGLE-2's observation): stop and verify what there is. The
@@ -290,17 +406,18 @@ class Eagle:
                     self.stopped_unsure += 1
                     break
             drafts.append(token)
+            if index == 0:
+                first = self.clock()
             if index + 1 < k:
                 row = head.forward([token], features=self._own(feature[None, :]))[-1]
                 feature = head.hidden_states()[-1]
-        return drafts, (np.stack(qs) if self.sampling and qs else None)
+        return drafts, (np.stack(qs) if self.sampling and qs else None), self.clock() if first is None else first
 
     def _draft_tree(self, host: Host, room: int) -> DraftTree:
+        assert self._root is not None  # a catch-up came first
         head = host[HEAD]
         pending = self.verifier.pending
         nodes = min(self.nodes, room)
-        if self._root is None or nodes < 1:
-            return Candidates().tree(pending, 0)
         depth = min(self.depth, room, (head.max_length - head.length) // self.topk + 1)
         temperature = self.temperature if self.sampling else 1.0
         row, root_feature = self._root
@@ -329,15 +446,29 @@ class Eagle:
         return candidates.tree(pending, nodes)
 
     # -- the head ----------------------------------------------------------------------------------------------
-    def _sync_head(self, host: Host, tokens: Any, features: np.ndarray, chunk: int | None = None) -> None:
-        """Drop what the head guessed since its last sync and feed it pairs of true features and the tokens after
-        them; its last row becomes the next root."""
+    def _defer(self, tokens: Any, features: np.ndarray) -> None:
+        """Keep pairs of true features and the tokens after them for the head's next catch-up."""
+        self._backlog_tokens.append(np.asarray(tokens, np.int64))
+        self._backlog_features.append(features)
+        self._backlog += len(features)
+
+    def catch_up(self, host: Host) -> int:
+        """Bring the head up to the committed context now (a step does it before it drafts): drop what it guessed
+        since its last catch-up and feed it the backlog, pairs of true features and the tokens after them, in one
+        forward (chunks of the host's prefill_chunk); its last row becomes the root. Returns the rows fed."""
+        rows = self._backlog
+        if not rows:
+            return 0
         head = host[HEAD]
         head.rewind(self._synced)
-        step = chunk or len(tokens)
-        for begin in range(0, len(tokens), step):
-            head.forward(list(tokens[begin : begin + step]), features=features[begin : begin + step])
+        tokens, features = self._backlog_tokens, self._backlog_features
+        if len(tokens) > 1:
+            tokens, features = [np.concatenate(tokens)], [np.concatenate(features)]
+        head.prefill(tokens[0], host.prefill_chunk, features=features[0])
+        self._backlog_tokens, self._backlog_features, self._backlog = [], [], 0
         self._synced = head.length
+        self.catch_ups += 1
+        self.caught_up_rows += rows
         predicted = head.hidden_states()[-1]
         if predicted.shape[0] != self._hidden:
             raise ConfigError(
@@ -346,6 +477,7 @@ class Eagle:
                 "drafting; re-export the head (decoctl eagle train)"
             )
         self._root = (np.array(head.logits()[-1]), np.array(predicted))
+        return rows
 
     def stats(self) -> dict[str, Any]:
         steps, drafted = self.verifier.steps, self.verifier.drafted
@@ -354,9 +486,12 @@ class Eagle:
             **self.verifier.stats(),
             "tau": self.committed / steps if steps else 0.0,
             "mean_drafted_per_step": drafted / steps if steps else 0.0,
-            "largest_tree": self.largest_tree,
+            "length_rule": self._rule_name(),
+            **(self.length.stats() if self.length else {"largest_tree": self.largest_tree}),
             "stopped_unsure": self.stopped_unsure,
-            "prompt_head_seconds": self.prompt_head_seconds,
+            "catch_ups": self.catch_ups,
+            "caught_up_rows": self.caught_up_rows,
+            "catch_up_seconds": self.catch_up_seconds,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
         }

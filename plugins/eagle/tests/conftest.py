@@ -3,20 +3,62 @@
 The imitating head runs the target's own layer on the token embeddings (decoctl.testing.build_eagle_head's
 copy_layer), so it agrees with the target most of the time and long drafts get accepted; the random head agrees
 by chance only, and its output depends on the features it is fed, which makes a wrong feature visible.
+
+``CostedEagle`` is the eagle controller timed by a cost model instead of the machine, so that what its draft-length
+rule chooses is the same on every machine; the ``costed`` registry offers it as ``eagle-cheap-head`` and
+``eagle-dear-head``.
 """
 
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 from decoctl_eagle import plugin
+from decoctl_eagle.controller import HEAD, Eagle
 
+from decoctl import ControllerSpec, Host, hookimpl
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import build_eagle_head, build_genai_model
 
 SEED = 41
+#: what one head forward costs in the cost model, in ms (a target forward: 1 ms plus 0.1 ms per token it feeds)
+HEAD_COSTS = {"cheap": 0.02, "dear": 5.0}
+
+
+class CostedEagle(Eagle):
+    """The eagle controller whose clock counts forwards: a target forward costs 1 ms plus 0.1 ms per token it
+    feeds, a head forward ``head_ms``. The draft-length rule learns these costs as it would learn measured ones."""
+
+    def __init__(self, options: dict[str, Any], *, head_ms: float) -> None:
+        super().__init__(options, clock=self._now)
+        self.head_ms = head_ms
+        self._host: Host | None = None
+
+    def start(self, host: Host) -> None:
+        self._host = host
+        super().start(host)
+
+    def _now(self) -> float:
+        assert self._host is not None, "the clock runs inside a generation"
+        target, head = self._host.target.stats, self._host[HEAD].stats
+        return (target.forwards + 0.1 * target.tokens_fed + self.head_ms * head.forwards) / 1000
+
+
+class CostedPlugin:
+    """``eagle-cheap-head`` and ``eagle-dear-head``: the eagle controller timed by the cost model."""
+
+    @hookimpl
+    def decoctl_controllers(self) -> list[ControllerSpec]:
+        (eagle,) = plugin.decoctl_controllers()
+        return [
+            attrs.evolve(eagle, name=f"eagle-{name}-head", factory=partial(CostedEagle, head_ms=ms))
+            for name, ms in HEAD_COSTS.items()
+        ]
 
 
 @pytest.fixture(scope="session")
@@ -65,4 +107,19 @@ def head(request: pytest.FixtureRequest) -> Path:
 def registry() -> PluginRegistry:
     registry = PluginRegistry(autoload=False)
     registry.register(plugin, "eagle")
+    return registry
+
+
+@pytest.fixture
+def costed(registry: PluginRegistry) -> PluginRegistry:
+    """The eagle plugin and the cost-model controllers."""
+    registry.register(CostedPlugin(), "costed-eagle")
+    return registry
+
+
+@pytest.fixture
+def demo_costed() -> PluginRegistry:
+    """Every installed plugin (the demo models among them) and the cost-model controllers."""
+    registry = PluginRegistry()
+    registry.register(CostedPlugin(), "costed-eagle")
     return registry

@@ -23,10 +23,12 @@ PROMPTS = [
     "a",
 ]
 OPTIONS: dict[str, dict[str, Any]] = {
-    "chain k=1": {"drafting": "chain", "k": 1},
-    "chain k=4": {"drafting": "chain", "k": 4},
-    "chain k=9": {"drafting": "chain", "k": 9},
-    "chain k=4, stopping where the head is unsure": {"drafting": "chain", "k": 4, "confidence": 0.2},
+    "chain k=1": {"drafting": "chain", "k": 1, "adaptive": False},
+    "chain k=4": {"drafting": "chain", "k": 4, "adaptive": False},
+    "chain k=9": {"drafting": "chain", "k": 9, "adaptive": False},
+    "chain k=4, stopping where the head is unsure": {"drafting": "chain", "k": 4, "adaptive": False, "confidence": 0.2},
+    "chain, the cost rule on measured time (the default)": {"drafting": "chain"},
+    "chain, HF's schedule from k=0": {"drafting": "chain", "length_rule": "schedule", "k": 1, "k_min": 0},
     "tree default": {"drafting": "tree"},
     "tree narrow and deep": {"drafting": "tree", "topk": 1, "depth": 7, "nodes": 7},
     "tree wide": {"drafting": "tree", "topk": 6, "depth": 3, "nodes": 30},
@@ -55,8 +57,9 @@ def test_a_chunked_prefill_gives_the_head_every_prompt_feature(
 ) -> None:
     roles = {"target": target, "eagle": mimic_head}
     prompt = PROMPTS[2]
-    whole = Generator(roles, "eagle", options={"drafting": drafting}, registry=registry, threads=1)
-    chunked = Generator(roles, "eagle", options={"drafting": drafting}, registry=registry, threads=1, prefill_chunk=5)
+    options = {"drafting": drafting, "adaptive": False}  # the same drafts in both runs
+    whole = Generator(roles, "eagle", options=options, registry=registry, threads=1)
+    chunked = Generator(roles, "eagle", options=options, registry=registry, threads=1, prefill_chunk=5)
     expected = whole.generate(prompt, max_new_tokens=30)
     got = chunked.generate(prompt, max_new_tokens=30)
     assert got.tokens == expected.tokens
@@ -80,20 +83,28 @@ def test_chain_drafting_runs_on_a_target_without_tree_inputs(
 def test_an_imitating_head_gets_several_tokens_per_target_forward(
     drafting: str, target: Path, mimic_head: Path, registry: PluginRegistry
 ) -> None:
-    result = Generator(
-        {"target": target, "eagle": mimic_head}, "eagle", options={"drafting": drafting}, registry=registry
-    ).generate(PROMPTS[1], max_new_tokens=48)
+    options = {"drafting": drafting, "adaptive": False}
+    result = Generator({"target": target, "eagle": mimic_head}, "eagle", options=options, registry=registry).generate(
+        PROMPTS[1], max_new_tokens=48
+    )
     stats = result.stats.controller
     assert stats["tau"] > 2.0
     assert result.stats.tokens_per_target_forward == pytest.approx(stats["tau"])
     assert stats["accepted"] > 0
 
 
-@pytest.mark.parametrize("drafting", ["chain", "tree"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"drafting": "chain", "k": 4, "adaptive": False},
+        {"drafting": "chain", "k": 4},
+        {"drafting": "tree", "depth": 4, "topk": 2, "nodes": 6},
+    ],
+    ids=["chain k=4", "chain, the cost rule", "tree"],
+)
 def test_stats_account_for_every_forward(
-    drafting: str, target: Path, random_head: Path, registry: PluginRegistry
+    options: dict[str, Any], target: Path, random_head: Path, registry: PluginRegistry
 ) -> None:
-    options = {"drafting": drafting, "k": 4, "depth": 4, "topk": 2, "nodes": 6}
     result = Generator({"target": target, "eagle": random_head}, "eagle", options=options, registry=registry).generate(
         PROMPTS[0], max_new_tokens=12
     )
@@ -106,10 +117,14 @@ def test_stats_account_for_every_forward(
     assert stats["tau"] == pytest.approx(result.stats.new_tokens / steps)
     assert 0.0 <= stats["acceptance_rate"] <= 1.0
     head_forwards = result.stats.forwards["eagle"]
-    syncs = steps - 1  # every step but the last feeds the head the accepted pairs once
-    if drafting == "chain":
+    # the head runs only in steps that draft: one catch-up forward (the prompt's pairs first, then what was
+    # committed since), then its drafting forwards
+    drafting_steps = sum(count for n, count in sizes.items() if n > 1)
+    assert stats["catch_ups"] == drafting_steps
+    assert stats["caught_up_rows"] <= result.stats.prompt_tokens - 1 + result.stats.new_tokens
+    if options["drafting"] == "chain":
         # a chain of n - 1 drafts (a verify of n tokens) took n - 2 head forwards after the root
-        assert head_forwards == sum(max(n - 2, 0) * count for n, count in sizes.items()) + syncs
+        assert head_forwards == sum(max(n - 2, 0) * count for n, count in sizes.items()) + drafting_steps
     else:
         assert stats["largest_tree"] == options["nodes"] + 1
-        assert syncs < head_forwards <= steps * (options["depth"] - 1) + syncs
+        assert drafting_steps < head_forwards <= drafting_steps * (options["depth"] - 1) + drafting_steps

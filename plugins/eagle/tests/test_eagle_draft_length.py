@@ -1,0 +1,94 @@
+"""EAGLE chains whose length the cost rule chooses (decoctl.draft_length): greedy's tokens whatever it chooses, no head
+forward while it drafts nothing, and the choices a head's cost and acceptance call for.
+
+The rule's costs come from a cost model here, not from the machine (conftest's CostedEagle: a target forward costs
+1 ms plus 0.1 ms per token, a head forward 0.02 ms for the cheap head, 5 ms for the dear one), so what it chooses is
+the same on every machine; the default controller, on measured time, is checked for greedy's tokens only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from decoctl import Generator
+from decoctl.draft_length import PROBE_AFTER
+from decoctl.plugins import PluginRegistry
+from decoctl.testing import first_divergence_is_a_tie
+
+PROMPTS = [
+    "def fib(n):",
+    "import os\nimport sys\n",
+    "x = [i * i for i in range(10)]\nx = [i * i for i in range(10)]\nx = [",
+    "a",
+]
+DEMO_PROMPTS = [
+    "def fibonacci(n):",
+    "import os\n\n\ndef walk_files(root):\n    ",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+]
+
+
+@pytest.mark.parametrize("controller", ["eagle-cheap-head", "eagle-dear-head", "eagle"])
+def test_the_cost_rule_gives_greedys_tokens_whatever_it_chooses(
+    controller: str, target: Path, head: Path, costed: PluginRegistry
+) -> None:
+    baseline = Generator({"target": target}, "greedy", registry=costed, threads=1)
+    eagle = Generator({"target": target, "eagle": head}, controller, registry=costed, threads=1)
+    ties = 0
+    for prompt in PROMPTS:
+        expected = baseline.generate(prompt, max_new_tokens=40).tokens
+        got = eagle.generate(prompt, max_new_tokens=40).tokens
+        assert first_divergence_is_a_tie(target, baseline.tokenizer.encode(prompt), expected, got), prompt
+        ties += expected != got
+    assert ties <= 1
+
+
+def test_a_dear_head_drafts_only_to_learn_and_to_probe(target: Path, random_head: Path, costed: PluginRegistry) -> None:
+    result = Generator({"target": target, "eagle": random_head}, "eagle-dear-head", registry=costed).generate(
+        PROMPTS[0], max_new_tokens=40
+    )
+    stats = result.stats.controller
+    # the first step times a one-token forward, the second drafts on the optimistic prior, and from then on only
+    # the probes draft: the first after PROBE_AFTER zero choices, the next after twice as many
+    assert stats["probes"] >= 1
+    assert stats["catch_ups"] == 1 + stats["probes"]
+    assert stats["k_chosen"][0] >= PROBE_AFTER
+    head_steps = stats["drafted"] - stats["catch_ups"]  # each drafting step's first draft comes with its catch-up
+    assert result.stats.forwards["eagle"] == stats["catch_ups"] + head_steps
+
+
+def test_a_cheap_accepted_head_drafts_every_step_and_long(
+    target: Path, mimic_head: Path, costed: PluginRegistry
+) -> None:
+    result = Generator({"target": target, "eagle": mimic_head}, "eagle-cheap-head", registry=costed).generate(
+        PROMPTS[1], max_new_tokens=48
+    )
+    stats = result.stats.controller
+    assert 0 not in stats["k_chosen"]  # only the first step (timing a one-token forward) drafted nothing
+    assert stats["catch_ups"] >= stats["steps"] - 2  # all but the first and maybe the last, which has no room
+    assert stats["tau"] > 2.0
+
+
+def test_the_options_bound_what_the_cost_rule_chooses(target: Path, mimic_head: Path, costed: PluginRegistry) -> None:
+    options = {"k_min": 2, "k_max": 3}
+    result = Generator(
+        {"target": target, "eagle": mimic_head}, "eagle-cheap-head", options=options, registry=costed
+    ).generate(PROMPTS[1], max_new_tokens=48)
+    assert set(result.stats.controller["k_chosen"]) <= {2, 3}
+
+
+@pytest.mark.demo
+@pytest.mark.parametrize("controller", ["eagle", "eagle-cheap-head", "eagle-dear-head"])
+def test_the_cost_rule_gives_greedys_tokens_on_the_demo_model(controller: str, demo_costed: PluginRegistry) -> None:
+    path = demo_costed.models()["pycode"].path
+    baseline = Generator({"target": "pycode"}, "greedy", registry=demo_costed, threads=1)
+    eagle = Generator({"target": "pycode"}, controller, registry=demo_costed, threads=1)
+    ties = 0
+    for prompt in DEMO_PROMPTS:
+        expected = baseline.generate(prompt, max_new_tokens=64).tokens
+        got = eagle.generate(prompt, max_new_tokens=64).tokens
+        assert first_divergence_is_a_tie(path, baseline.tokenizer.encode(prompt), expected, got), prompt
+        ties += expected != got
+    assert ties <= 1
