@@ -5,7 +5,7 @@
     .venv/bin/python tools/speedup_ceiling.py build/bench/s5-code.json --contender ec --k 2 \
         --draft-cost 0.22 --target 1.6
 
-Model (the draft-length rule's, plugins/speculative/decoctl_speculative/draft_length.py): a step drafts k tokens,
+Model (the draft-length rule's, core/draft_length.py, without its catch-up term): a step drafts k tokens,
 each accepted with probability a given the ones before it, so it yields E(k) = (1 - a^(k+1)) / (1 - a) tokens and
 costs c(k + 1) + k * d one-token target forwards, where c(n) is the measured cost of a forward over n tokens
 (the report's ``verify_cost``) and d the cost of one draft forward in the same unit. The speedup of the best k is
