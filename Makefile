@@ -49,7 +49,8 @@ EXPORTS_VENV := build/venv-exports
 $(EXPORTS_VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(EXPORTS_VENV)
 	$(EXPORTS_VENV)/bin/pip install -q --upgrade pip
-	$(EXPORTS_VENV)/bin/pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels) -e '.[test-exports]'
+	$(EXPORTS_VENV)/bin/pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels) -e '.[test-exports]' \
+		-e plugins/speculative
 	touch $@
 
 test-exports: $(EXPORTS_VENV)/.installed

@@ -107,6 +107,9 @@ SEQ2SEQ_EXPORT = "optimum-cli export onnx --model MODEL --task text2text-generat
 RELATIVE_CONTEXT_LENGTH = 512
 #: tokenizer_config.json's model_max_length when the tokenizer sets no limit (transformers' VERY_LARGE_INTEGER)
 _NO_LIMIT = 10**18
+#: what an export of a Marian model holds instead of tokenizer.json: MarianTokenizer reads sentencepiece models only
+#: and transformers has no fast (tokenizer.json) version of it, so Optimum's export saves these
+MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 
 #: the names an architecture's config.json writes for the common fields, as transformers' ``attribute_map`` of
 #: that architecture's config class has them (GPT2Config: ``num_hidden_layers`` is ``n_layer``); tried before the
@@ -524,9 +527,16 @@ class ModelSpec:
         return spec
 
     def _check_files(self) -> None:
+        tokenizer_fix = "decoctl reads text through tokenizer.json: save the tokenizer next to it"
+        if all((self.path / name).is_file() for name in MARIAN_TOKENIZER_FILES):
+            tokenizer_fix = (
+                "the folder holds a Marian tokenizer (source.spm, target.spm, vocab.json), which transformers has no "
+                "tokenizer.json for, and decoctl reads text through tokenizer.json only: write one from those files "
+                "with the script in docs/MODELS.md (Encoder-decoder models, Marian)"
+            )
         for needed, fix in (
             (self.onnx_file, "the ONNX graph is missing: copy or re-export it"),
-            (self.tokenizer_file, "decoctl reads text through tokenizer.json: save the tokenizer next to it"),
+            (self.tokenizer_file, tokenizer_fix),
         ):
             if not needed.is_file():
                 raise ModelLoadError(f"model file {needed} is missing: {fix}")

@@ -1,4 +1,4 @@
-"""Tiny random-weight T5 and BART models, exported in Optimum's encoder-decoder layout with torch.onnx.export.
+"""Tiny random-weight T5, BART and Marian models, exported in Optimum's encoder-decoder layout with torch.onnx.export.
 
 optimum-onnx needs transformers < 4.58 (it has an environment of its own: the ``test-exports`` extra), so these
 tests export in the main environment themselves, writing Optimum's file names and input/output names exactly:
@@ -27,18 +27,26 @@ from typing import Any
 from decoctl.testing.tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, build_tokenizer, write_tokenizer_config
 
 VOCAB = 384
-#: BART and T5 share the tokenizer; their decoders start as the originals do: T5 from PAD, BART from EOS
-DECODER_START = {"t5": PAD_TOKEN_ID, "bart": EOS_TOKEN_ID, "t5-draft": PAD_TOKEN_ID, "bart-draft": EOS_TOKEN_ID}
+#: the models share the tokenizer; their decoders start as the originals do: T5 and Marian from PAD, BART from EOS
+DECODER_START = {
+    "t5": PAD_TOKEN_ID,
+    "bart": EOS_TOKEN_ID,
+    "marian": PAD_TOKEN_ID,
+    "t5-draft": PAD_TOKEN_ID,
+    "bart-draft": EOS_TOKEN_ID,
+}
 #: seeds whose random weights greedy-decode the tests' prompts into more than one repeated token, with the top two
 #: logits of every step at least 0.01 apart (random encoder-decoder models tend to repeat one token)
-SEEDS = {"t5": 3, "bart": 3, "t5-draft": 1, "bart-draft": 4}
+SEEDS = {"t5": 3, "bart": 3, "marian": 3, "t5-draft": 1, "bart-draft": 4}
 CONTEXT = 128
 OPSET = 17
 
 
 def hf_config(name: str) -> Any:
-    """The transformers config of ``name``: "t5" / "bart" (two decoder layers, width 32) or their "-draft" (one
-    layer, width 16), all with the tests' vocabulary."""
+    """The transformers config of ``name``: "t5" / "bart" / "marian" (two decoder layers, width 32) or the first
+    two's "-draft" (one layer, width 16), all with the tests' vocabulary. Marian is BART's architecture with
+    Marian's differences: sinusoidal positions, embeddings scaled by sqrt(width), one vocabulary shared by encoder,
+    decoder and lm_head, the decoder starting from PAD, and a final_logits_bias (Seq2SeqExports.model fills it)."""
     import transformers
 
     draft = name.endswith("-draft")
@@ -49,7 +57,24 @@ def hf_config(name: str) -> Any:
         "pad_token_id": PAD_TOKEN_ID,
         "decoder_start_token_id": DECODER_START[name],
     }
-    if name.startswith("t5"):
+    if name == "marian":
+        config = transformers.MarianConfig(
+            d_model=width,
+            encoder_layers=layers,
+            decoder_layers=layers,
+            encoder_attention_heads=width // 8,
+            decoder_attention_heads=width // 8,
+            encoder_ffn_dim=2 * width,
+            decoder_ffn_dim=2 * width,
+            max_position_embeddings=CONTEXT,
+            scale_embedding=True,
+            share_encoder_decoder_embeddings=True,
+            bos_token_id=BOS_TOKEN_ID,
+            forced_eos_token_id=None,
+            init_std=1.0,
+            **common,
+        )
+    elif name.startswith("t5"):
         config = transformers.T5Config(
             d_model=width,
             d_kv=8,
@@ -96,7 +121,8 @@ def _names(prefix: str, layers: int, parts: tuple[str, ...]) -> list[str]:
 
 
 def export(model: Any, folder: Path) -> None:
-    """Write ``model`` (a T5 or BART ForConditionalGeneration in eval mode) as Optimum's three graphs."""
+    """Write ``model`` (a T5 or BART ForConditionalGeneration or a MarianMTModel, in eval mode) as Optimum's three
+    graphs."""
     import torch
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
@@ -270,17 +296,20 @@ class Seq2SeqExports:
 
             torch.manual_seed(SEEDS[name])
             config = hf_config(name)
-            cls = (
-                transformers.T5ForConditionalGeneration
-                if name.startswith("t5")
-                else transformers.BartForConditionalGeneration
-            )
-            self._models[name] = cls(config).eval()
+            if name == "marian":
+                model = transformers.MarianMTModel(config).eval()
+                # a buffer transformers initialises to zeros: random, so that a runtime that dropped it would differ
+                model.final_logits_bias.normal_(0.0, 1.0)
+            elif name.startswith("t5"):
+                model = transformers.T5ForConditionalGeneration(config).eval()
+            else:
+                model = transformers.BartForConditionalGeneration(config).eval()
+            self._models[name] = model
         return self._models[name]
 
-    def greedy(self, name: str, ids: list[int], max_new_tokens: int) -> list[int]:
-        """transformers' greedy generate() over the source ``ids``: the new tokens (the decoder start token left
-        out)."""
+    def greedy(self, name: str, ids: list[int], max_new_tokens: int, **generate: Any) -> list[int]:
+        """transformers' generate() over the source ``ids`` without sampling (greedy, or beam search with
+        ``num_beams``; ``generate`` goes to it): the new tokens (the decoder start token left out)."""
         import torch
 
         torch.set_num_threads(1)  # a tiny model's generate() takes seconds on several contending threads
@@ -290,6 +319,7 @@ class Seq2SeqExports:
                 attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
+                **generate,
             )
         return [int(t) for t in out[0, 1:]]
 

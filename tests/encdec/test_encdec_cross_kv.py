@@ -28,7 +28,7 @@ def _runner(sequence: Sequence) -> DecoderRunner:
 
 
 @pytest.mark.parametrize("variant", ["pair", "merged"])
-@pytest.mark.parametrize("name", ["t5", "bart"])
+@pytest.mark.parametrize("name", ["t5", "bart", "marian"])
 def test_a_forward_after_a_rewind_to_zero_reuses_the_cross_kv(seq2seq: Any, name: str, variant: str) -> None:
     model = load_model(seq2seq.folder(name, variant), threads=1)
     start = model.encoder.parts.decoder_start_token_id if model.encoder else 0
@@ -61,8 +61,16 @@ def test_a_new_source_computes_its_own_cross_kv(seq2seq: Any) -> None:
     assert (runner.encoder_runs, runner.cross_passes) == (2, 2)
 
 
-@pytest.mark.parametrize("drafter", ["prompt-lookup", "draft-model"])
-@pytest.mark.parametrize("name", ["t5", "bart"])
+@pytest.mark.parametrize(
+    ("name", "drafter"),
+    [
+        ("t5", "prompt-lookup"),
+        ("t5", "draft-model"),
+        ("bart", "prompt-lookup"),
+        ("bart", "draft-model"),
+        ("marian", "prompt-lookup"),
+    ],
+)
 def test_speculative_decoding_encodes_and_computes_the_cross_kv_once_per_generation(
     seq2seq: Any, name: str, drafter: str
 ) -> None:
