@@ -69,10 +69,11 @@ real-model-bench: $(STAMP)
 		--threads 1 -n 64 --repeats 3 --require-identical --json build/real-model-bench-$(GEMMA).json
 
 # an EAGLE-3 head for the demo target from a clean clone (docs/MODELS.md, "The EAGLE head"): the corpus from this
-# interpreter's standard library, the target's features, training and export into build/eagle-demo (about an hour on
+# interpreter's standard library, the target's features, training and export into EAGLE_DEMO (about an hour on
 # one core; run it again after an interruption to go on), then that head and the bundled pycode-eagle measured the
-# same way on the held-out files
-EAGLE_DEMO := build/eagle-demo
+# same way on the held-out files. EAGLE_BUDGET: how long it trains (e.g. EAGLE_BUDGET=--epochs\ 2 with a new EAGLE_DEMO)
+EAGLE_DEMO ?= build/eagle-demo
+EAGLE_BUDGET ?= --max-tokens 2000000
 EAGLE_TRAIN_STAMP := $(VENV)/.installed-eagle-train
 $(EAGLE_TRAIN_STAMP): $(STAMP)
 	$(PIP) -e 'plugins/eagle[train]'
@@ -83,7 +84,7 @@ build/corpus/train.txt: tools/corpus.py
 
 eagle-demo: $(EAGLE_TRAIN_STAMP) build/corpus/train.txt
 	$(BIN)/decoctl eagle train --target pycode --data build/corpus/train.txt --out $(EAGLE_DEMO) --resume \
-		--arch eagle3 --draft-vocab 2048 --intermediate 512 --ttt-steps 2 --lr 1e-3 --max-tokens 2000000 \
+		--arch eagle3 --draft-vocab 2048 --intermediate 512 --ttt-steps 2 --lr 1e-3 $(EAGLE_BUDGET) \
 		--threads 1 --no-register
 	$(BIN)/decoctl eagle eval --target pycode --head $(EAGLE_DEMO)/head --data build/corpus/heldout.txt \
 		--threads 1 --json $(EAGLE_DEMO)/eval.json
