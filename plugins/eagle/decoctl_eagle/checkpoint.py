@@ -1,6 +1,6 @@
 """Published EAGLE heads as their authors save them: config.json plus model.safetensors or pytorch_model.bin.
 
-Two architectures, told apart by ``fc.weight`` (decoctl_eagle.head_onnx describes both forwards):
+Two architectures, told apart by ``fc.weight`` (decoctl.model.eagle_graph describes both forwards):
 
 * EAGLE-1 / EAGLE-2 (SafeAILab's EAGLE, cnets.py): ``embed_tokens.weight``, ``fc.weight`` [H, 2H] and ``fc.bias``,
   ``layers.0.*`` (a Llama decoder layer without input_layernorm); the target's lm_head drafts.
@@ -26,7 +26,7 @@ import attrs
 import numpy as np
 
 from decoctl import ConfigError
-from decoctl_eagle.head_onnx import EAGLE1, EAGLE3, LAYER, HeadDims
+from decoctl.model.eagle_graph import EAGLE1, EAGLE3, LAYER, HeadDims
 from decoctl_eagle.target import Target
 
 __all__ = ["WEIGHT_FILES", "HeadCheckpoint", "read_checkpoint", "read_tensors"]

@@ -7,7 +7,7 @@ Two kinds of head, told apart by that input's width. An EAGLE-1 head takes the t
 H) and predicts the next one, which is fed back while drafting. An EAGLE-3 head (Li et al., EAGLE-3, 2025) takes
 ``[taps | own]`` (width T + H): the target's taps (its aux_hidden_states, the residual stream entering a low, a
 middle and a high layer) with zeros, or zeros with the head's own output (its hidden_states) while drafting; the
-head applies its fc to the taps itself (decoctl.testing.eagle). Everything below holds for both, "feature" meaning
+head applies its fc to the taps itself (decoctl.model.eagle_graph). Everything below holds for both, "feature" meaning
 the row the head is fed.
 
 Alignment. Head position i holds the pair (f_i, x_{i+1}): the target's feature at position i (its final hidden

@@ -25,7 +25,7 @@ _PASS_THROUGH = ("Cast", "Identity", "Reshape", "Slice", "Squeeze", "Unsqueeze")
 @attrs.frozen(kw_only=True)
 class Target:
     """A target model folder as a head sees it. ``hidden_states`` / ``aux_hidden_states``: the widths of those
-    outputs, None when the graph has none; ``aux_layers``: the layers whose entering residual stream the taps are,
+    outputs, None when the graph has none; ``tap_layers``: the layers whose entering residual stream the taps are,
     when the graph records them (decoctl.tap_layers)."""
 
     name: str
@@ -37,13 +37,13 @@ class Target:
     context_length: int
     hidden_states: int | None
     aux_hidden_states: int | None
-    aux_layers: tuple[int, ...] = ()
+    tap_layers: tuple[int, ...] = ()
     input_ids: str = "input_ids"
 
     def describe(self) -> str:
         taps = f"aux_hidden_states width {self.aux_hidden_states}" if self.aux_hidden_states else "no aux_hidden_states"
-        if self.aux_layers:
-            taps += f" (layers {', '.join(map(str, self.aux_layers))})"
+        if self.tap_layers:
+            taps += f" (layers {', '.join(map(str, self.tap_layers))})"
         hidden = f"hidden_states width {self.hidden_states}" if self.hidden_states else "no hidden_states"
         return (
             f"{self.name}: hidden {self.hidden_size}, vocabulary {self.vocab_size}, {self.num_layers} layers, "
@@ -185,7 +185,7 @@ def read_target(folder: str | Path, *, name: str | None = None) -> Target:
         context_length=context,
         hidden_states=widths.get("hidden_states"),
         aux_hidden_states=widths.get("aux_hidden_states"),
-        aux_layers=tap_layers(path) or (),
+        tap_layers=tap_layers(path) or (),
         input_ids=input_ids,
     )
 

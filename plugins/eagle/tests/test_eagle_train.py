@@ -17,13 +17,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("tqdm")
 
-from decoctl_eagle.head_onnx import EAGLE1, EAGLE3, HeadDims  # noqa: E402
 from decoctl_eagle.target import read_target  # noqa: E402
 from decoctl_eagle.train import train_main  # noqa: E402
 from decoctl_eagle.training.export import check_against_torch, export_head  # noqa: E402
 from decoctl_eagle.training.model import Head  # noqa: E402
 
 from decoctl import Generator  # noqa: E402
+from decoctl.model.eagle_graph import EAGLE1, EAGLE3, HeadDims  # noqa: E402
 from decoctl.model.taps import enable_taps  # noqa: E402
 from decoctl.plugins import PluginRegistry  # noqa: E402
 from decoctl.testing import build_genai_model  # noqa: E402

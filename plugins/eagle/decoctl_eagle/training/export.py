@@ -1,4 +1,4 @@
-"""A trained head as the ONNX head the eagle controller runs: written by decoctl_eagle.head_onnx, checked against
+"""A trained head as the ONNX head the eagle controller runs: written by decoctl.model.eagle_graph, checked against
 the torch head, and recorded with what it was trained for.
 
 The check runs the written folder through decoctl's own runtime (a Sequence with features) on random token ids and
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from decoctl import ConfigError, Sequence, load_model
-from decoctl_eagle.head_onnx import EAGLE3, write_head
+from decoctl.model.eagle_graph import EAGLE3, write_head
 from decoctl_eagle.training.model import Head
 
 __all__ = ["TOLERANCE", "check_against_torch", "export_head"]

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from decoctl.logs import get_logger
-from decoctl_eagle.head_onnx import EAGLE1
+from decoctl.model.eagle_graph import EAGLE1
 from decoctl_eagle.training.features import FeatureStore, Window
 from decoctl_eagle.training.model import Head
 

@@ -1,7 +1,7 @@
-"""The head in torch: the same function as the ONNX graph decoctl_eagle.head_onnx writes, plus the unrolled
+"""The head in torch: the same function as the ONNX graph decoctl.model.eagle_graph writes, plus the unrolled
 forward EAGLE-3 trains with.
 
-Parameter names are head_onnx's (torch layout, ``layers.0.`` for the decoder layer), so ``state_dict()`` plus the
+Parameter names are eagle_graph's (torch layout, ``layers.0.`` for the decoder layer), so ``state_dict()`` plus the
 target's shared weights is what ``write_head`` takes. Sizes are a ``HeadDims``; RMSNorm and rotary embeddings
 (half-split, positions counted from 0) are computed as onnxruntime's SimplifiedLayerNormalization and
 GroupQueryAttention compute them.
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decoctl_eagle.head_onnx import EAGLE1, EAGLE3, HeadDims
+from decoctl.model.eagle_graph import EAGLE1, EAGLE3, HeadDims
 
 __all__ = ["Head", "StepOutput", "parameter_count"]
 
@@ -145,7 +145,7 @@ class Head(nn.Module):
     # -- pieces ---------------------------------------------------------------------------------------------------
     def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotary embedding of x [B, heads, L, head_size] at positions int[L] (half-split, as GroupQueryAttention
-        with rotary_interleaved=0; angles in float64, cos and sin rounded to float32 as head_onnx's tables)."""
+        with rotary_interleaved=0; angles in float64, cos and sin rounded to float32 as eagle_graph's tables)."""
         angles = positions.to(torch.float64)[:, None] * self.inverse_frequencies[None, :]
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         half = x.shape[-1] // 2

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from decoctl import ConfigError, PluginRegistry, Sequence, load_model, resolve_model, tap_layers
+from decoctl import ConfigError, PluginRegistry, Sequence, load_model, resolve_model
 from decoctl.logs import get_logger
-from decoctl_eagle.head_onnx import EAGLE1, EAGLE3, HeadDims
+from decoctl.model.eagle_graph import EAGLE1, EAGLE3, HeadDims
 from decoctl_eagle.target import Target, read_target
 from decoctl_eagle.training import data as text
 from decoctl_eagle.training.export import export_head
@@ -188,7 +188,7 @@ def train(target: str, out: Path, given: Mapping[str, Any], *, resume: bool, say
         "heldout_tau": round(metrics["tau"], 4),
         "ttt_steps": steps,
         "data_tokens": store.tokens(heldout=False),
-        "tap_layers": list(_tap_layers(target_path, described)) or None,
+        "tap_layers": list(described.tap_layers) or None,
         "finished": trainer.done(budget),
     }
     scale = float(np.std(store.read(store.windows(heldout=False)[0])[1])) or 1.0
@@ -260,7 +260,7 @@ def _settings(folder: Path, target: str | None, given: Mapping[str, Any], resume
 
 
 def _normal(key: str, value: Any) -> Any:
-    """A given option as run.json stores it (paths absolute, architectures spelled as head_onnx spells them)."""
+    """A given option as run.json stores it (paths absolute, architectures spelled as eagle_graph spells them)."""
     if key == "data":
         return [str(Path(p).expanduser().resolve()) for p in value]
     if key == "distill_prompts":
@@ -295,10 +295,6 @@ def _feature_kind(arch: str, target: Target, model: Any) -> tuple[str, int]:
             "builder option include_hidden_states=1"
         )
     return "final", h
-
-
-def _tap_layers(folder: Path, target: Target) -> tuple[int, ...]:
-    return tap_layers(folder) or target.aux_layers
 
 
 # -------------------------------------------------------------------------------------------------- data
