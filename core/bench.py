@@ -41,6 +41,7 @@ from decoctl.bench_contenders import (
 )
 from decoctl.bench_ideal import CostCalibrator, CostCurve, ideal_ratio
 from decoctl.bench_runs import run_in_processes
+from decoctl.bench_transformers import TRANSFORMERS_CONTENDERS, TransformersContender
 from decoctl.errors import ConfigError
 from decoctl.generate import Generator
 from decoctl.model import huge_pages
@@ -210,25 +211,33 @@ def build_contenders(
     contenders: list[tuple[str, Contender]] = []
     loaded: dict[str | None, Any] = {}
     opened: dict[tuple[str, str | None], Any] = {}
+
+    def onnx_model(own: str | None) -> Any:
+        """The bench's model (None) or a contender's own folder, loaded once."""
+        if own not in loaded:
+            reference = own if own is not None else model
+            loaded[own] = Generator(
+                {"target": reference}, "greedy", threads=threads, registry=registry, huge_pages=huge_pages
+            ).models["target"]
+        return loaded[own]
+
     for spec in specs:
         contender: Contender
-        if spec.name in ("raw-ort", "ort-genai", *ORT_GENAI_SPECULATIVE):
+        if spec.name in TRANSFORMERS_CONTENDERS:
+            # model=DIR is the transformers weights; the bench's ONNX model gives the EOS ids and start token
+            contender = TransformersContender(spec.name, onnx_model(None), threads, spec.options)
+        elif spec.name in ("raw-ort", "ort-genai", *ORT_GENAI_SPECULATIVE):
             # model=PATH: another folder for this contender (a tree-enabled model needs none: these contenders
             # run its plain twin, decoctl.model.plain_twin); the contender's label shows it
             options = {k: v for k, v in spec.options.items() if k != "model"}
-            own = spec.options.get("model")
             if options and spec.name in ("raw-ort", "ort-genai"):
                 raise ConfigError(f"contender {spec.name} takes no options but model=PATH")
-            if own not in loaded:
-                reference = own if own is not None else model
-                loaded[own] = Generator(
-                    {"target": reference}, "greedy", threads=threads, registry=registry, huge_pages=huge_pages
-                ).models["target"]
-            target = loaded[own]
+            target = onnx_model(spec.options.get("model"))
             if target.encoder is not None:
                 raise ConfigError(
                     f"contender {spec.name} runs decoder-only models, and {target.name} is an encoder-decoder model: "
-                    "bench it with decoctl's controllers (greedy, speculative with a draft or prompt lookup)"
+                    "bench it with decoctl's controllers (greedy, speculative with a draft or prompt lookup) and "
+                    "transformers' (hf, hf-assisted, hf-lookup)"
                 )
             if spec.name == "raw-ort":
                 contender = RawOrtContender(target, threads)
