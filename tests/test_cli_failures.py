@@ -147,6 +147,8 @@ def test_ctrl_c_prints_the_text_so_far_and_exits_130(genai_model: Path, tmp_path
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a background job's shell ignores SIGINT, and a child would inherit that: give the CLI the terminal's default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert process.stderr is not None
     assert process.stderr.readline() == "waiting\n"
