@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 PROMPT ?= def fibonacci(n):
 
-.PHONY: setup setup-test demo test test-exports lint bench real-model-bench eagle-demo clean
+.PHONY: setup setup-test demo test test-exports lint bench real-model-bench eagle-demo encdec-demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,7 +54,13 @@ $(EXPORTS_VENV)/.installed: pyproject.toml setup.py
 	touch $@
 
 test-exports: $(EXPORTS_VENV)/.installed
-	$(EXPORTS_VENV)/bin/python -m pytest -q tests/exports tests/encdec/test_optimum_seq2seq.py
+	$(EXPORTS_VENV)/bin/python -m pytest -q tests/exports tests/encdec/test_optimum_seq2seq.py \
+		tests/encdec/test_bench_transformers.py
+
+# the encoder-decoder demo pair (docs/BENCHMARKS.md, "Encoder-decoder models"): trained here on one thread and
+# exported with optimum-onnx in the test-exports environment; run it again after an interruption to go on
+encdec-demo: $(EXPORTS_VENV)/.installed
+	nice -n 10 $(EXPORTS_VENV)/bin/python tools/encdec_demo.py all
 
 bench: $(STAMP)
 	$(BIN)/decoctl bench --contenders greedy,raw-ort --json build/bench.json
