@@ -52,6 +52,7 @@ import numpy as np
 
 from decoctl.errors import ConfigError
 from decoctl.model.capabilities import FEATURES
+from decoctl.model.genai_layout import builder_decoder_section
 
 __all__ = [
     "ARCHITECTURES",
@@ -479,25 +480,15 @@ def _genai_config(
     dims: HeadDims, target_model: Mapping[str, Any], max_length: int, tree_inputs: bool
 ) -> dict[str, Any]:
     """genai_config.json in the builder's shape: one layer, the features input, the target's tokens."""
-    inputs = {"input_ids": "input_ids", FEATURES: FEATURES, "attention_mask": "attention_mask"}
-    if tree_inputs:
-        inputs["position_ids"] = "position_ids"
-    inputs |= {"past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
-    decoder = {
-        "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
-        "filename": "model.onnx",
-        "head_size": dims.head_size,
-        "hidden_size": dims.hidden,
-        "inputs": inputs,
-        "outputs": {
-            "logits": "logits",
-            "present_key_names": "present.%d.key",
-            "present_value_names": "present.%d.value",
-        },
-        "num_attention_heads": dims.num_heads,
-        "num_hidden_layers": 1,
-        "num_key_value_heads": dims.num_kv_heads,
-    }
+    decoder = builder_decoder_section(
+        hidden=dims.hidden,
+        head_size=dims.head_size,
+        num_heads=dims.num_heads,
+        num_kv_heads=dims.num_kv_heads,
+        num_layers=1,
+        extra_inputs={FEATURES: FEATURES},
+        tree_inputs=tree_inputs,
+    )
     search = {"do_sample": False, "max_length": max_length, "past_present_share_buffer": True}
     model = {
         "bos_token_id": target_model.get("bos_token_id"),

@@ -24,6 +24,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from decoctl.model.capabilities import FEATURES
+from decoctl.model.genai_layout import builder_decoder_section
 from decoctl.model.taps import TAP_LAYERS_KEY
 from decoctl.testing.tokenizer import (
     BOS_TOKEN_ID,
@@ -290,25 +291,14 @@ def _check_taps(layers: Sequence[int], num_layers: int) -> tuple[int, ...]:
 
 def _genai_config(dims: _Dims, eos_token_id: int | Sequence[int], tree_inputs: bool) -> dict[str, object]:
     """genai_config.json as onnxruntime-genai's model builder writes it for a CPU Llama model."""
-    inputs = {"input_ids": "input_ids", "attention_mask": "attention_mask"}
-    if tree_inputs:
-        inputs["position_ids"] = "position_ids"
-    inputs |= {"past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
-    decoder = {
-        "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
-        "filename": "model.onnx",
-        "head_size": dims.head_size,
-        "hidden_size": dims.hidden,
-        "inputs": inputs,
-        "outputs": {
-            "logits": "logits",
-            "present_key_names": "present.%d.key",
-            "present_value_names": "present.%d.value",
-        },
-        "num_attention_heads": dims.num_heads,
-        "num_hidden_layers": dims.num_layers,
-        "num_key_value_heads": dims.num_kv_heads,
-    }
+    decoder = builder_decoder_section(
+        hidden=dims.hidden,
+        head_size=dims.head_size,
+        num_heads=dims.num_heads,
+        num_kv_heads=dims.num_kv_heads,
+        num_layers=dims.num_layers,
+        tree_inputs=tree_inputs,
+    )
     search = {
         "diversity_penalty": 0.0,
         "do_sample": False,
