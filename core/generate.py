@@ -19,6 +19,7 @@ import attrs
 import numpy as np
 
 from decoctl.batch import BatchPrompt, BatchSlot, one_at_a_time, run_batch
+from decoctl.chat_template import ChatPrompt, ChatTemplate, encode_prompt
 from decoctl.controllers import Controller, RowController
 from decoctl.errors import (
     CapabilityError,
@@ -330,6 +331,30 @@ class Generator:
     def tokenizer(self) -> Any:
         return self.models["target"].tokenizer
 
+    def chat_prompt(
+        self, messages: Seq[Mapping[str, Any]], *, template: ChatTemplate | str | Path | None = None, **variables: Any
+    ) -> ChatPrompt:
+        """``messages`` rendered by the target's chat template (or ``template``: a ChatTemplate or a template file)
+        and tokenized as transformers' apply_chat_template does (decoctl.chat_template): a prompt for generate()
+        and stream()."""
+        chosen = template if isinstance(template, ChatTemplate) else None
+        if chosen is None:
+            chosen = ChatTemplate.from_folder(self.models["target"].spec.path, template=template)
+        return chosen.prompt(messages, **variables)
+
+    def chat(
+        self,
+        messages: Seq[Mapping[str, Any]],
+        *,
+        template: ChatTemplate | str | Path | None = None,
+        max_new_tokens: int = 128,
+        stop: tuple[str, ...] | list[str] = (),
+        seed: int | None = 0,
+    ) -> GenerationResult:
+        """The assistant's answer to ``messages`` (dicts with "role" and "content"): generate() on chat_prompt()."""
+        prompt = self.chat_prompt(messages, template=template)
+        return self.generate(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+
     # -- running ----------------------------------------------------------------------------------------
     def stream(
         self,
@@ -630,7 +655,7 @@ class Generator:
             self._unfinished(self._active, "superseded", None)
         started = time.perf_counter()
         target_model = self.models["target"]
-        ids = np.asarray(target_model.tokenizer.encode(prompt), np.int64)
+        ids = np.asarray(encode_prompt(target_model.tokenizer, prompt), np.int64)  # a ChatPrompt keeps its ids
         if ids.size == 0:
             raise ConfigError("the prompt is empty and the model adds no BOS token: give some prompt text")
         source = None
