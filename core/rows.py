@@ -59,11 +59,16 @@ class Rows:
         self.model = model
         self.capacity = capacity
         dtype = kv_dtype(model.session, spec)
+        rings = model.capabilities.rings
         if capacity > 1:
-            cache = SharedKVRows if spec.share_buffer else ConcatKVCache
-            _check_memory(role, model, capacity, cache.row_bytes(spec, dtype, length), length)
+            row_bytes = (
+                SharedKVRows.row_bytes(spec, dtype, length, rings)
+                if spec.share_buffer
+                else ConcatKVCache.row_bytes(spec, dtype, length)
+            )
+            _check_memory(role, model, capacity, row_bytes, length)
         #: the batched buffer of a shared-buffer model's rows; None where each row keeps a cache of its own
-        self._kv = SharedKVRows(spec, dtype, length, capacity) if capacity > 1 and spec.share_buffer else None
+        self._kv = SharedKVRows(spec, dtype, length, capacity, rings) if capacity > 1 and spec.share_buffer else None
         #: the positions of each row's cache (None for a single row: the sequence's own default, as before rows)
         self._length = length if capacity > 1 else None
         self._debug = debug
@@ -227,7 +232,9 @@ class Rows:
                 other._detach_outputs()
         self._aliased = stepped
         begin = time.perf_counter()
+        self._kv.before_step(span)
         outputs = self._step.run(every, lengths)
+        self._kv.after_step(span, stepped)
         seconds = time.perf_counter() - begin
         for row, sequence, token in zip(ids, sequences, fed, strict=True):
             r = int(row)

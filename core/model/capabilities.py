@@ -9,6 +9,7 @@ import attrs
 from decoctl.errors import ModelLoadError
 from decoctl.model.fed_lengths import FedLengths
 from decoctl.model.kv_cache import graph_dtype
+from decoctl.model.ring_cache import RingLayer
 from decoctl.model.spec import ModelSpec, NonAttentionState, non_attention_state
 from decoctl.model.window_bias import WindowBias
 
@@ -38,6 +39,7 @@ class Capabilities:
     mask subgraph (decoctl.model.fed_lengths); the graph then has no attention mask input. None otherwise.
     ``windows``: the bias inputs of sliding-window layers whose window the loader moved from the kernel into the
     bias (decoctl.model.window_bias), which the runner fills with the tree bias plus the window in positions.
+    ``rings``: the layers whose GroupQueryAttention keeps a window-sized ring cache (decoctl.model.ring_cache).
     ``use_cache_branch``: the input that picks a merged decoder's branch (the runner feeds False on an empty cache,
     True after), or None.
     """
@@ -54,6 +56,7 @@ class Capabilities:
     fed_lengths: FedLengths | None = None
     windows: tuple[WindowBias, ...] = ()
     use_cache_branch: str | None = None
+    rings: tuple[RingLayer, ...] = ()
 
     @property
     def tree(self) -> bool:
@@ -78,6 +81,7 @@ class Capabilities:
         spec: ModelSpec,
         fed_lengths: FedLengths | None = None,
         windows: tuple[WindowBias, ...] = (),
+        rings: tuple[RingLayer, ...] = (),
     ) -> Capabilities:
         """Read a live onnxruntime.InferenceSession's inputs and outputs against the folder's spec
         (``fed_lengths``: the length inputs that replaced its attention mask, when the loader rewrote it)."""
@@ -117,6 +121,7 @@ class Capabilities:
             fed_lengths=fed_lengths,
             windows=windows,
             use_cache_branch=USE_CACHE_BRANCH if USE_CACHE_BRANCH in inputs else None,
+            rings=rings,
         )
 
 

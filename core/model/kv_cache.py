@@ -1,9 +1,11 @@
 """Preallocated KV caches bound to a graph through IOBinding.
 
-Two strategies, picked from the model's config:
+Two strategies, picked from the model's config (and, within the first, ring caches for sliding-window layers):
 - SharedKVCache: one buffer per layer and key/value holds every position; past and present are bound to the
   same memory (GroupQueryAttention with past_present_share_buffer). A step writes only the new positions,
-  rewind is a length change.
+  rewind is a length change. Layers whose GroupQueryAttention keeps a window-sized ring
+  (``sliding_window_cache=1``) get a buffer of the window plus a slack instead, and their eviction, spill and
+  rewinds are decoctl.model.ring_cache's.
 - ConcatKVCache: graphs whose present is past plus the new positions (Optimum, plain attention). Two
   preallocated buffers per tensor take turns as past and present, so a step allocates nothing and the only
   copy is the one onnxruntime makes while concatenating; a rewind re-lays the kept prefix once.
@@ -22,6 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from decoctl.errors import ModelLoadError, SequenceError
+from decoctl.model.ring_cache import RingLayer, RingLayers, ring_groups
 from decoctl.model.spec import ModelSpec
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "graph_dtype",
     "kv_shape",
     "make_kv_cache",
+    "ring_buffers",
     "to_float32",
 ]
 
@@ -149,6 +153,9 @@ class KVCache(abc.ABC):
         self.length = 0
         self._row = spec.num_kv_heads * spec.head_size
 
+    #: the ring-cache layers' bookkeeping (decoctl.model.ring_cache), None where the model keeps none
+    rings: RingLayers | None = None
+
     @abc.abstractmethod
     def bind(self, binding: ort.IOBinding, n: int) -> None:
         """Bind past (``length`` positions) and present (``length + n``) before a run over n new tokens."""
@@ -166,10 +173,31 @@ class KVCache(abc.ABC):
         """Move the rows at ``positions`` (int64[k], all >= start) to start..start+k-1; length = start+k."""
 
 
+def ring_buffers(
+    spec: ModelSpec, dtype: np.dtype[Any], rings: tuple[RingLayer, ...], max_length: int, rows: int = 1
+) -> tuple[dict[int, tuple[np.ndarray, np.ndarray]], dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """Zeroed key/value buffers for every ring layer, [rows, kv_heads, capacity, head_size], and their spills,
+    [rows, kv_heads, slack, head_size]."""
+    heads, head = spec.num_kv_heads, spec.head_size
+    tensors, spills = {}, {}
+    for ring in rings:
+        capacity = ring.capacity(max_length)
+        tensors[ring.layer] = (
+            np.zeros((rows, heads, capacity, head), dtype),
+            np.zeros((rows, heads, capacity, head), dtype),
+        )
+        spills[ring.layer] = (
+            np.zeros((rows, heads, ring.slack, head), dtype),
+            np.zeros((rows, heads, ring.slack, head), dtype),
+        )
+    return tensors, spills
+
+
 class SharedKVCache(KVCache):
-    """past == present: [1, kv_heads, max_length, head_size] per tensor, bound once. ``buffers`` (one
-    (key, value) pair per layer, C-contiguous, that shape): memory owned by someone else, such as one row of a
-    role's batched buffers (decoctl.model.kv_rows); None allocates its own."""
+    """past == present: [1, kv_heads, max_length, head_size] per tensor (a ring layer's: its capacity), bound
+    once. ``buffers`` (one (key, value) pair per layer, C-contiguous, that shape): memory owned by someone else,
+    such as one row of a role's batched buffers (decoctl.model.kv_rows); None allocates its own. ``rings``: the
+    ring layers (their buffers among ``buffers``); ``spills``: their spills where ``buffers`` is given."""
 
     def __init__(
         self,
@@ -177,23 +205,35 @@ class SharedKVCache(KVCache):
         dtype: np.dtype[Any],
         max_length: int,
         buffers: list[tuple[np.ndarray, np.ndarray]] | None = None,
+        rings: tuple[RingLayer, ...] = (),
+        spills: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> None:
         super().__init__(spec, dtype, max_length)
         shape = (1, spec.num_kv_heads, max_length, spec.head_size)
         if buffers is None:
-            buffers = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(spec.num_layers)]
+            ring_tensors, spills = ring_buffers(spec, dtype, rings, max_length)
+            buffers = [
+                ring_tensors.get(layer) or (np.zeros(shape, dtype), np.zeros(shape, dtype))
+                for layer in range(spec.num_layers)
+            ]
         self._buffers = buffers
         self._bound: set[int] = set()
+        self._full = [pair for layer, pair in enumerate(buffers) if layer not in {r.layer for r in rings}]
+        if rings:
+            assert spills is not None
+            self.rings = ring_groups(rings, max_length, {r.layer: buffers[r.layer] for r in rings}, spills)
 
     def bind(self, binding: ort.IOBinding, n: int) -> None:
+        if self.rings is not None:
+            self.rings.before_run(self.length, n)
         if id(binding) in self._bound:
             return
-        shape = list(self._buffers[0][0].shape)
         for layer, pair in enumerate(self._buffers):
             for past_name, present_name, buffer in zip(
                 self.spec.past_names(layer), self.spec.present_names(layer), pair, strict=True
             ):
                 pointer = buffer.ctypes.data
+                shape = list(buffer.shape)
                 binding.bind_input(past_name, "cpu", 0, self._type, shape, pointer)
                 binding.bind_output(present_name, "cpu", 0, self._type, shape, pointer)
         self._bound.add(id(binding))
@@ -202,11 +242,15 @@ class SharedKVCache(KVCache):
         self.length += n
 
     def truncate(self, length: int) -> None:
+        if self.rings is not None and length != self.length:
+            self.rings.relayout(self.length, length)
         self.length = length
 
     def gather(self, positions: np.ndarray, start: int) -> None:
         end = start + len(positions)
-        for pair in self._buffers:
+        if self.rings is not None:
+            self.rings.relayout(self.length, end, positions, start)
+        for pair in self._full:
             for buffer in pair:
                 buffer[:, :, start:end, :] = buffer[:, :, positions, :]
         self.length = end
@@ -290,8 +334,15 @@ class ConcatKVCache(KVCache):
         self.length = end
 
 
-def make_kv_cache(session: ort.InferenceSession, spec: ModelSpec, max_length: int) -> KVCache:
+def make_kv_cache(
+    session: ort.InferenceSession, spec: ModelSpec, max_length: int, rings: tuple[RingLayer, ...] = ()
+) -> KVCache:
     dtype = kv_dtype(session, spec)
     if spec.share_buffer:
-        return SharedKVCache(spec, dtype, max_length)
+        return SharedKVCache(spec, dtype, max_length, rings=rings)
+    if rings:
+        raise ModelLoadError(
+            f"{spec.onnx_file} keeps ring caches on layers {[r.layer for r in rings]} but its config turns "
+            "past_present_share_buffer off: a ring cache is written in place; export it again with the shared buffer"
+        )
     return ConcatKVCache(spec, dtype, max_length)

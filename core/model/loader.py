@@ -17,6 +17,7 @@ from decoctl.model import huge_pages as pages
 from decoctl.model.capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model.encoder_decoder import Encoder, read_encoder
 from decoctl.model.kv_cache import kv_shape
+from decoctl.model.ring_cache import DEFAULT_SLACK, RingLayer
 from decoctl.model.spec import ModelSpec
 from decoctl.model.tokenizer import Tokenizer
 
@@ -80,6 +81,7 @@ def load_model(
     threads: int | None = None,
     feed_lengths: bool | None = None,
     huge_pages: bool = False,
+    ring_slack: int = DEFAULT_SLACK,
 ) -> LoadedModel:
     """Load a model folder in the onnxruntime-genai or Optimum layout.
 
@@ -93,14 +95,20 @@ def load_model(
         raised while the session loads, then the process's large resident memory is madvised into huge pages.
         Both act on the whole process, so they are off unless asked (the command line asks); they make a CPU
         model's step faster and steadier across sessions (huge_pages.py has the measurement).
+    :param ring_slack: positions a sliding-window layer with a ring cache keeps beyond its window, the depth of
+        the rewinds and the size of the trees that stay exact there (decoctl.model.ring_cache).
     """
     spec = ModelSpec.from_folder(path)
     options = session_options(threads)
     if feed_lengths is None:
         feed_lengths = os.environ.get("DECOCTL_FEED_LENGTHS", "1") not in ("0", "")
+    if isinstance(ring_slack, bool) or not isinstance(ring_slack, int) or ring_slack < 0:
+        raise ConfigError(f"ring_slack={ring_slack!r} is not a number of positions: give 0 or more")
     rewritten = _without_mask_subgraph(spec) if feed_lengths and spec.layout == "genai" else None
-    windowed = _window_in_bias(spec, rewritten.model if rewritten else None) if spec.layout == "genai" else None
+    source = rewritten.model if rewritten else _graph_bytes(spec) if spec.layout == "genai" else None
+    windowed = _window_in_bias(spec, source, ring_slack) if source is not None else None
     graph = windowed.model if windowed else rewritten.model if rewritten else None
+    rings = _ring_layers(spec, source, windowed, ring_slack)
     parts = spec.encoder_decoder
     others: tuple[ort.InferenceSession, ort.InferenceSession] | None = None
     with pages.contiguous_allocations() if huge_pages else contextlib.nullcontext():
@@ -113,7 +121,7 @@ def load_model(
         pages.collapse()
     spec = _with_graph_kv(spec, session)
     capabilities = Capabilities.from_session(
-        session, spec, rewritten.inputs if rewritten else None, windowed.windows if windowed else ()
+        session, spec, rewritten.inputs if rewritten else None, windowed.windows if windowed else (), rings
     )
     encoder = None if others is None else read_encoder(spec, *others, session)
     tokenizer = Tokenizer.from_file(spec.tokenizer_file, bos_token_id=spec.bos_token_id, add_bos=spec.add_bos)
@@ -251,16 +259,48 @@ def _external_data_extents(model: bytes) -> dict[str, int]:
     return ends
 
 
-def _window_in_bias(spec: ModelSpec, graph: bytes | None) -> window_bias.Rewritten | None:
-    """The graph (``graph``, or the file) with its sliding windows moved into bias inputs of their own so that
-    tree forwards stay exact on windowed layers (decoctl.model.window_bias), or None where nothing moves."""
+def _graph_bytes(spec: ModelSpec) -> bytes | None:
+    """The graph file's bytes where it is small enough to rewrite in memory (weights kept outside it)."""
+    size = spec.onnx_file.stat().st_size if spec.onnx_file.is_file() else 0
+    return spec.onnx_file.read_bytes() if 0 < size <= MAX_REWRITTEN_BYTES else None
+
+
+def _ring_layers(
+    spec: ModelSpec, graph: bytes | None, windowed: window_bias.Rewritten | None, ring_slack: int
+) -> tuple[RingLayer, ...]:
+    """The layers whose GroupQueryAttention keeps a ring cache, read from the graph as exported, with the kernel
+    window the loaded graph runs (widened where the window moved into a tree bias)."""
     if graph is None:
-        size = spec.onnx_file.stat().st_size if spec.onnx_file.is_file() else 0
-        if not 0 < size <= MAX_REWRITTEN_BYTES:
-            return None
-        graph = spec.onnx_file.read_bytes()
+        return ()
     try:
-        result = window_bias.rewrite(graph, ATTENTION_BIAS)
+        found = window_bias.ring_windows(graph)
+    except ModelLoadError:
+        return ()
+    layers = {spec.past_names(layer)[0]: layer for layer in range(spec.num_layers)}
+    widened = windowed.widened if windowed else {}
+    rings = []
+    for past_key, window in found.items():
+        if past_key not in layers:
+            continue  # Capabilities.from_session names inputs the config promises and the graph lacks
+        if window > spec.context_length:
+            raise ModelLoadError(
+                f"{spec.onnx_file}: layer {layers[past_key]} keeps a ring cache of window {window}, larger than the "
+                f"model's context ({spec.context_length}): the export and its config disagree; export it again "
+                "without windowed_kv_cache, or with the model's real context length"
+            )
+        rings.append(
+            RingLayer(
+                layer=layers[past_key], window=window, kernel_window=widened.get(past_key, window), slack=ring_slack
+            )
+        )
+    return tuple(sorted(rings, key=lambda r: r.layer))
+
+
+def _window_in_bias(spec: ModelSpec, graph: bytes, ring_slack: int) -> window_bias.Rewritten | None:
+    """The graph with its sliding windows moved into bias inputs of their own so that tree forwards stay exact on
+    windowed layers (decoctl.model.window_bias), or None where nothing moves."""
+    try:
+        result = window_bias.rewrite(graph, ATTENTION_BIAS, ring_slack)
     except ModelLoadError:
         return None  # not a readable graph: onnxruntime's own load reports it with the file and the fix
     if isinstance(result, window_bias.Kept):

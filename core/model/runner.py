@@ -173,7 +173,9 @@ class Runner:
         self.model = model
         self.max_length = min(max_length or spec.max_length, spec.context_length)
         # ``kv``: a cache someone else allocated (one row of a role's batched buffers, decoctl.model.kv_rows)
-        self.kv: KVCache = kv if kv is not None else make_kv_cache(model.session, spec, self.max_length)
+        self.kv: KVCache = (
+            kv if kv is not None else make_kv_cache(model.session, spec, self.max_length, model.capabilities.rings)
+        )
         self._session = model.session
         self._binding = model.session.io_binding()
         self._fast = binding_calls(model.session, self._binding)
@@ -248,6 +250,8 @@ class Runner:
         past = self.kv.length
         total = past + n
         spec, caps = self._names, self._caps
+        if bias_positions is not None and self.kv.rings is not None:
+            self.kv.rings.check_tree(n, self.model.name)
         ids = self._ids
         ids[0, :n] = tokens
         self._bind(spec.input_ids_name, np.int64, (1, n), self._ids_pointer)
@@ -305,7 +309,10 @@ class Runner:
         if one is None:
             return self.run(np.array((token,), np.int64))
         self._ids[0, 0] = token
-        self._feed_length(self.kv.length + 1)
+        length = self.kv.length
+        if self.kv.rings is not None:
+            self.kv.rings.before_run(length, 1)
+        self._feed_length(length + 1)
         self._fast.run()
         if self._narrow:
             self._widen(1, 1)

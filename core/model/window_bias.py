@@ -13,7 +13,13 @@ GroupQueryAttention node that reads the tree's ``attention_bias``, and gives tho
 per window size, ``attention_bias_window_{L}``. The runner fills it with the tree (or causal) bias plus the window
 counted in positions: the query at position p sees the key at position q iff p - q < L. For a plain sequence
 that is the kernel's mask exactly; for a tree it is the plain forward of each token's path, for any prefix
-length. Layers without a window keep reading ``attention_bias``. Weights are never decoded (protowire splices the
+length. Layers without a window keep reading ``attention_bias``.
+
+A node that keeps a ring cache (``sliding_window_cache=1``, decoctl.model.ring_cache) cannot run without a
+window: its window is what sizes and evicts the ring. There the kernel window is widened instead, by the ring's
+slack S, and the bias carries the model's window: a tree of up to S + 1 tokens then loses nothing to the kernel's
+slot-counted window (token i of the tree is cut only at slot P + i - (L + S), which is below every position its
+path reads). Weights are never decoded (protowire splices the
 graph's bytes), so the onnx package is not needed.
 """
 
@@ -23,7 +29,7 @@ import attrs
 
 from decoctl.model import protowire as pw
 
-__all__ = ["Kept", "Rewritten", "WindowBias", "rewrite"]
+__all__ = ["Kept", "Rewritten", "WindowBias", "rewrite", "ring_windows"]
 
 # ModelProto.graph; GraphProto.node / input; NodeProto.input / output / op_type / attribute / domain;
 # AttributeProto.name / i; ValueInfoProto.name (field numbers from onnx.proto)
@@ -37,6 +43,8 @@ _MS_DOMAIN = "com.microsoft"
 _GQA = "GroupQueryAttention"
 _GQA_ATTENTION_BIAS = 10
 _WINDOW = "local_window_size"
+_RING = "sliding_window_cache"
+_GQA_PAST_KEY = 3
 
 
 @attrs.frozen(kw_only=True)
@@ -50,10 +58,13 @@ class WindowBias:
 
 @attrs.frozen(kw_only=True)
 class Rewritten:
-    """The rewritten ModelProto bytes and the window bias inputs it gained."""
+    """The rewritten ModelProto bytes and the window bias inputs it gained. ``widened``: the past-key inputs of
+    the ring-cache nodes (``sliding_window_cache=1``) whose kernel window grew by the ``ring_slack`` asked for
+    instead of being turned off (a ring needs a window), keyed to their kernel window."""
 
     model: bytes
     windows: tuple[WindowBias, ...]
+    widened: dict[str, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -72,6 +83,7 @@ class _Node:
     inputs: list[str] = attrs.Factory(list)
     outputs: list[str] = attrs.Factory(list)
     window: int | None = None
+    ring: bool = False
 
     @classmethod
     def parse(cls, field: pw.Field) -> _Node:
@@ -87,18 +99,39 @@ class _Node:
                 node.domain = part.text
             elif part.number == _NODE_ATTRIBUTE:
                 attribute = list(pw.fields(part.payload))
-                if any(a.number == _ATTR_NAME and a.text == _WINDOW for a in attribute):
-                    values = [a.number_value for a in attribute if a.number == _ATTR_I]
+                names = {a.text for a in attribute if a.number == _ATTR_NAME}
+                values = [a.number_value for a in attribute if a.number == _ATTR_I]
+                if _WINDOW in names:
                     node.window = _signed(values[0]) if values else None
+                elif _RING in names:
+                    node.ring = bool(values and values[0])
         return node
 
     def input(self, slot: int) -> str:
         return self.inputs[slot] if len(self.inputs) > slot else ""
 
 
-def rewrite(model: bytes, attention_bias: str) -> Rewritten | Kept:
+def ring_windows(model: bytes) -> dict[str, int]:
+    """The window of every GroupQueryAttention node that keeps a ring cache (``sliding_window_cache=1``), keyed by
+    its past-key input."""
+    graphs = [f for f in pw.fields(model) if f.number == _MODEL_GRAPH]
+    if len(graphs) != 1:
+        return {}
+    found: dict[str, int] = {}
+    for field in pw.fields(graphs[0].payload):
+        if field.number != _GRAPH_NODE:
+            continue
+        node = _Node.parse(field)
+        if node.op_type == _GQA and node.domain == _MS_DOMAIN and node.ring and (node.window or 0) > 0:
+            assert node.window is not None
+            found[node.input(_GQA_PAST_KEY)] = node.window
+    return found
+
+
+def rewrite(model: bytes, attention_bias: str, ring_slack: int = 0) -> Rewritten | Kept:
     """Move the window of every windowed GroupQueryAttention node that reads ``attention_bias`` (directly or
-    through one Cast to the compute type) into a bias input of its own; see the module docstring."""
+    through one Cast to the compute type) into a bias input of its own; see the module docstring. A node with a
+    ring cache keeps a kernel window, ``ring_slack`` positions wider than its own (decoctl.model.ring_cache)."""
     model_fields = list(pw.fields(model))
     graphs = [f for f in model_fields if f.number == _MODEL_GRAPH]
     if len(graphs) != 1:
@@ -130,8 +163,12 @@ def rewrite(model: bytes, attention_bias: str) -> Rewritten | Kept:
     by_size = {w.window: w.name for w in windows}
     new_casts: dict[tuple[str, int], tuple[str, bytes]] = {}
     replaced: dict[int, bytes] = {}
+    widened: dict[str, int] = {}
     for node in windowed:
         assert node.window is not None
+        kernel = node.window + ring_slack if node.ring else -1
+        if node.ring:
+            widened[node.input(_GQA_PAST_KEY)] = kernel
         source = by_size[node.window]
         read = node.input(_GQA_ATTENTION_BIAS)
         if read != attention_bias:  # the bias reaches the node through a Cast: give the window input its own
@@ -140,17 +177,18 @@ def rewrite(model: bytes, attention_bias: str) -> Rewritten | Kept:
                 output = f"{read}_window_{node.window}"
                 new_casts[key] = (output, _renamed_cast(casts[read], source, output))
             source = new_casts[key][0]
-        replaced[id(node.field)] = pw.length_delimited(_GRAPH_NODE, _unwindowed(node, source))
+        replaced[id(node.field)] = pw.length_delimited(_GRAPH_NODE, _unwindowed(node, source, kernel))
     new_inputs = [pw.length_delimited(_GRAPH_INPUT, _renamed_value(bias_info, w.name)) for w in windows]
     kept: list[bytes] = [cast for _, cast in new_casts.values()]  # graph inputs only: topologically first
     kept += [replaced.get(id(f), f.raw) for f in graph_fields]
     new_graph = pw.length_delimited(_MODEL_GRAPH, [*kept, *new_inputs])
     rebuilt = b"".join(new_graph if f is graphs[0] else f.raw for f in model_fields)
-    return Rewritten(model=rebuilt, windows=windows)
+    return Rewritten(model=rebuilt, windows=windows, widened=widened)
 
 
-def _unwindowed(node: _Node, bias_input: str) -> list[bytes]:
-    """The node's fields with local_window_size -1 and its attention-bias slot reading ``bias_input``."""
+def _unwindowed(node: _Node, bias_input: str, kernel_window: int) -> list[bytes]:
+    """The node's fields with local_window_size ``kernel_window`` and its attention-bias slot reading
+    ``bias_input``."""
     out: list[bytes] = []
     slot = 0
     for part in node.parts:
@@ -163,7 +201,8 @@ def _unwindowed(node: _Node, bias_input: str) -> list[bytes]:
             a.number == _ATTR_NAME and a.text == _WINDOW for a in pw.fields(part.payload)
         ):
             attribute = [
-                pw.varint_field(_ATTR_I, -1) if a.number == _ATTR_I else a.raw for a in pw.fields(part.payload)
+                pw.varint_field(_ATTR_I, kernel_window) if a.number == _ATTR_I else a.raw
+                for a in pw.fields(part.payload)
             ]
             out.append(pw.length_delimited(_NODE_ATTRIBUTE, attribute))
         else:
