@@ -330,8 +330,9 @@ typedef struct decoctl_controller {
     const char *summary;  /* may be NULL: one line for `decoctl plugins` */
     const char *roles;    /* may be NULL (= "target"): the roles it drives, comma separated, "target" first */
     /* may be NULL (= no options): the option schema as a JSON array of objects with "name", "type" ("int",
-     * "float", "str" or "bool") and optional "default", "help", "minimum", "maximum", "choices". The host
-     * checks the user's options against it and passes the result to create() as config_json. */
+     * "float", "str" or "bool") and optional "default", "help", "minimum", "maximum", "choices",
+     * "exclusive_minimum" and "exclusive_maximum" (true: the bound itself is refused, as in "temperature > 0").
+     * The host checks the user's options against it and passes the result to create() as config_json. */
     const char *options_json;
 
     /* Create an instance for one generation, after the prompt is in the target's KV cache (the target's

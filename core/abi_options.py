@@ -33,6 +33,8 @@ def options_from_json(text: str | None, owner: str) -> tuple[Option, ...]:
                     choices=tuple(entry.get("choices", ())),
                     minimum=entry.get("minimum"),
                     maximum=entry.get("maximum"),
+                    exclusive_minimum=entry.get("exclusive_minimum", False),
+                    exclusive_maximum=entry.get("exclusive_maximum", False),
                 )
             )
     except (ValueError, TypeError, KeyError, ConfigError) as exc:

@@ -202,8 +202,9 @@ def builtin_controllers() -> tuple[ControllerSpec, ...]:
                     name="temperature",
                     type="float",
                     default=1.0,
-                    minimum=1e-6,
-                    help="divide logits by this before softmax",
+                    minimum=0.0,
+                    exclusive_minimum=True,
+                    help="divide logits by this before softmax (> 0)",
                 ),
                 Option(name="n", type="int", default=1, minimum=1, help="samples to return, sharing one prefill"),
                 Option(

@@ -41,9 +41,18 @@ def _to_bool(value: Any) -> bool:
     raise ValueError(f"{value!r} is not a boolean (use true or false)")
 
 
+#: how a message names each option type ("is not an int")
+_TYPE_NAMES = {"int": "an int", "float": "a float", "str": "a str", "bool": "a bool"}
+
+
 @attrs.frozen(kw_only=True)
 class Option:
-    """One option a controller or processor accepts. ``type``: "int", "float", "str" or "bool"."""
+    """One option a controller or processor accepts. ``type``: "int", "float", "str" or "bool".
+
+    ``minimum`` and ``maximum`` bound a number, inclusive unless ``exclusive_minimum`` / ``exclusive_maximum`` say the
+    bound itself is refused (a temperature is above 0, not at least 0). ``convert`` is the one place a value is
+    checked, so a processor or controller built from parsed options never checks its bounds again.
+    """
 
     name: str
     type: str = attrs.field(validator=attrs.validators.in_(("int", "float", "str", "bool")))
@@ -52,6 +61,8 @@ class Option:
     choices: tuple[Any, ...] = ()
     minimum: float | None = None
     maximum: float | None = None
+    exclusive_minimum: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    exclusive_maximum: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         for bound, what in ((self.minimum, "minimum"), (self.maximum, "maximum")):
@@ -59,8 +70,20 @@ class Option:
                 raise ConfigError(f"option {self.name}: its {what} {bound!r} is not a number")
             if bound is not None and not math.isfinite(bound):
                 raise ConfigError(f"option {self.name}: its {what} {bound!r} is not finite: leave it unset instead")
-        if self.minimum is not None and self.maximum is not None and self.minimum > self.maximum:
-            raise ConfigError(f"option {self.name}: its minimum {self.minimum} is above its maximum {self.maximum}")
+        for flag, bound, what in (
+            (self.exclusive_minimum, self.minimum, "minimum"),
+            (self.exclusive_maximum, self.maximum, "maximum"),
+        ):
+            if flag and bound is None:
+                raise ConfigError(f"option {self.name}: exclusive_{what} is set but it has no {what}: give one")
+        if self.minimum is not None and self.maximum is not None:
+            if self.minimum > self.maximum:
+                raise ConfigError(f"option {self.name}: its minimum {self.minimum} is above its maximum {self.maximum}")
+            if self.minimum == self.maximum and (self.exclusive_minimum or self.exclusive_maximum):
+                raise ConfigError(
+                    f"option {self.name}: its bounds {self.bounds()} admit no value: make the bound inclusive or "
+                    "widen the range"
+                )
         if self.default is not None:
             # a default is a value like any other: one that breaks its own schema is the plugin's bug, caught
             # when the plugin lists its options, not when a user happens to leave the option out
@@ -68,6 +91,12 @@ class Option:
                 self.convert(self.default, "the default of")
             except ConfigError as exc:
                 raise ConfigError(f"{exc}: fix the option's default or its bounds") from None
+
+    def bounds(self) -> str:
+        """The bounds in interval notation ("(0, 1]", "[1, inf)"), for messages and listings."""
+        low = "(-inf" if self.minimum is None else f"{'(' if self.exclusive_minimum else '['}{self.minimum}"
+        high = "inf)" if self.maximum is None else f"{self.maximum}{')' if self.exclusive_maximum else ']'}"
+        return f"{low}, {high}"
 
     def convert(self, value: Any, owner: str) -> Any:
         """``value`` as this option's type, checked against its choices and bounds; ConfigError otherwise.
@@ -78,13 +107,16 @@ class Option:
         try:
             converted = self._typed(value)
         except (TypeError, ValueError, OverflowError) as exc:
-            raise ConfigError(f"{owner} option {self.name}={value!r} is not a {self.type}: {exc}") from None
+            raise ConfigError(f"{owner} option {self.name}={value!r} is not {_TYPE_NAMES[self.type]}: {exc}") from None
         if self.choices and converted not in self.choices:
             raise ConfigError(f"{owner} option {self.name}={converted!r} must be one of {list(self.choices)}")
-        if self.minimum is not None and converted < self.minimum:
-            raise ConfigError(f"{owner} option {self.name}={converted!r} must be at least {self.minimum}")
-        if self.maximum is not None and converted > self.maximum:
-            raise ConfigError(f"{owner} option {self.name}={converted!r} must be at most {self.maximum}")
+        low, high = self.minimum, self.maximum
+        if low is not None and (converted <= low if self.exclusive_minimum else converted < low):
+            rule = f"above {low}" if self.exclusive_minimum else f"at least {low}"
+            raise ConfigError(f"{owner} option {self.name}={converted!r} must be {rule}")
+        if high is not None and (converted >= high if self.exclusive_maximum else converted > high):
+            rule = f"below {high}" if self.exclusive_maximum else f"at most {high}"
+            raise ConfigError(f"{owner} option {self.name}={converted!r} must be {rule}")
         return converted
 
     def _typed(self, value: Any) -> Any:

@@ -29,7 +29,7 @@ def test_a_boolean_is_not_a_number(option: Option) -> None:
 def test_an_int_option_takes_whole_floats_only() -> None:
     assert STEPS.convert(3.0, "controller 'x'") == 3
     for value in (2.5, float("inf"), float("nan")):
-        with pytest.raises(ConfigError, match="is not a int"):
+        with pytest.raises(ConfigError, match="is not an int"):
             STEPS.convert(value, "controller 'x'")
 
 
@@ -73,3 +73,51 @@ def test_a_plugin_whose_default_breaks_its_bounds_is_refused_when_it_loads() -> 
         PluginError, match=r"plugin 'bad-default' failed .*the default of option k=0 must be at least 1"
     ):
         registry.controllers()
+
+
+POSITIVE = Option(name="temperature", type="float", default=1.0, minimum=0.0, exclusive_minimum=True)
+OPEN_UNIT = Option(
+    name="p", type="float", default=0.5, minimum=0.0, maximum=1.0, exclusive_minimum=True, exclusive_maximum=True
+)
+
+
+def test_an_exclusive_minimum_refuses_the_bound_itself() -> None:
+    with pytest.raises(ConfigError, match=r"controller 'x' option temperature=0.0 must be above 0.0"):
+        POSITIVE.convert(0, "controller 'x'")
+
+
+def test_an_exclusive_maximum_refuses_the_bound_itself() -> None:
+    with pytest.raises(ConfigError, match=r"option p=1.0 must be below 1.0"):
+        OPEN_UNIT.convert(1.0, "x")
+
+
+def test_values_just_inside_exclusive_bounds_are_taken() -> None:
+    assert (POSITIVE.convert(1e-9, "x"), OPEN_UNIT.convert(0.999, "x")) == (1e-9, 0.999)
+
+
+def test_inclusive_bounds_still_take_the_bound() -> None:
+    assert (STEPS.convert(1, "x"), TEMPERATURE.convert(0.0, "x")) == (1, 0.0)
+
+
+def test_bounds_are_shown_in_interval_notation() -> None:
+    assert (OPEN_UNIT.bounds(), STEPS.bounds(), POSITIVE.bounds()) == ("(0.0, 1.0)", "[1, inf)", "(0.0, inf)")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"exclusive_minimum": True}, "exclusive_minimum is set but it has no minimum"),
+        ({"maximum": 1.0, "exclusive_maximum": "yes"}, "must be <class 'bool'>"),
+        ({"minimum": 1.0, "maximum": 1.0, "exclusive_maximum": True}, r"its bounds \[1.0, 1.0\) admit no value"),
+        ({"default": 0.0, "minimum": 0.0, "exclusive_minimum": True}, "the default of option k=0.0 must be above 0.0"),
+    ],
+)
+def test_exclusive_bounds_that_make_no_sense_are_refused(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises((ConfigError, TypeError), match=message):
+        Option(name="k", type="float", **fields)
+
+
+def test_the_sample_controllers_temperature_is_above_zero(registry: PluginRegistry) -> None:
+    (temperature,) = [o for o in registry.controllers()["sample"].options if o.name == "temperature"]
+    with pytest.raises(ConfigError, match="temperature=0.0 must be above 0.0"):
+        temperature.convert(0, "controller 'sample'")

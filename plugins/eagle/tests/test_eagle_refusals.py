@@ -86,7 +86,7 @@ def test_a_missing_head_is_refused_naming_the_role(target: Path, registry: Plugi
         ({"beam": 2}, "has no option 'beam'"),
         ({"drafting": "beam"}, r"drafting='beam' must be one of \['tree', 'chain'\]"),
         ({"k": 0}, "k=0 must be at least 1"),
-        ({"topk": "many"}, "topk='many' is not a int"),
+        ({"topk": "many"}, "topk='many' is not an int"),
         ({"temperature": 0}, "temperature=0.0 must be at least"),
         (
             {"drafting": "tree", "depth": 2, "topk": 2, "nodes": 7},

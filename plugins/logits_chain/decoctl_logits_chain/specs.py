@@ -22,10 +22,18 @@ KEEP = Option(
 )
 
 
-def _open_interval(name: str, value: float, low: float, high: float) -> float:
-    if not low < value < high:
-        raise ConfigError(f"logits processor {name!r}: {name}={value} must be > {low} and < {high}")
-    return value
+def _open_unit(name: str, default: float, what: str) -> Option:
+    """An option strictly between 0 and 1."""
+    return Option(
+        name=name,
+        type="float",
+        default=default,
+        minimum=0.0,
+        maximum=1.0,
+        exclusive_minimum=True,
+        exclusive_maximum=True,
+        help=f"{what}, between 0 and 1 exclusive",
+    )
 
 
 def _required(name: str, option: str, value: Any, example: str) -> Any:
@@ -67,7 +75,14 @@ def processor_specs() -> tuple[ProcessorSpec, ...]:
             "temperature",
             "logits / T",
             lambda o: warpers.Temperature(o["temperature"]),
-            Option(name="temperature", type="float", default=1.0, minimum=0.0, help="> 0; below 1 sharpens"),
+            Option(
+                name="temperature",
+                type="float",
+                default=1.0,
+                minimum=0.0,
+                exclusive_minimum=True,
+                help="> 0; below 1 sharpens",
+            ),
         ),
         _spec(
             "top_k",
@@ -93,29 +108,36 @@ def processor_specs() -> tuple[ProcessorSpec, ...]:
         _spec(
             "typical_p",
             "locally typical sampling",
-            lambda o: warpers.TypicalP(_open_interval("typical_p", o["typical_p"], 0.0, 1.0), o["min_tokens_to_keep"]),
-            Option(name="typical_p", type="float", default=0.9, help="probability mass, between 0 and 1 exclusive"),
+            lambda o: warpers.TypicalP(o["typical_p"], o["min_tokens_to_keep"]),
+            _open_unit("typical_p", 0.9, "probability mass"),
             KEEP,
         ),
         _spec(
             "epsilon",
             "drop tokens with probability below epsilon",
-            lambda o: warpers.Epsilon(_open_interval("epsilon", o["epsilon"], 0.0, 1.0), o["min_tokens_to_keep"]),
-            Option(name="epsilon", type="float", default=3e-4, help="between 0 and 1 exclusive"),
+            lambda o: warpers.Epsilon(o["epsilon"], o["min_tokens_to_keep"]),
+            _open_unit("epsilon", 3e-4, "the probability below which a token is dropped"),
             KEEP,
         ),
         _spec(
             "eta",
             "drop tokens below an entropy-dependent cutoff min(eta, sqrt(eta) * exp(-H))",
-            lambda o: warpers.Eta(_open_interval("eta", o["eta"], 0.0, 1.0), o["min_tokens_to_keep"]),
-            Option(name="eta", type="float", default=2e-3, help="between 0 and 1 exclusive"),
+            lambda o: warpers.Eta(o["eta"], o["min_tokens_to_keep"]),
+            _open_unit("eta", 2e-3, "the cutoff's scale"),
             KEEP,
         ),
         _spec(
             "repetition_penalty",
             "divide positive / multiply negative logits of tokens already seen",
-            lambda o: penalties.RepetitionPenalty(_positive("repetition_penalty", o["penalty"]), o["include_prompt"]),
-            Option(name="penalty", type="float", default=1.1, help="> 0; above 1 discourages repetition"),
+            lambda o: penalties.RepetitionPenalty(o["penalty"], o["include_prompt"]),
+            Option(
+                name="penalty",
+                type="float",
+                default=1.1,
+                minimum=0.0,
+                exclusive_minimum=True,
+                help="> 0; above 1 discourages repetition (1 is no penalty)",
+            ),
             include_prompt,
         ),
         _spec(
@@ -187,7 +209,15 @@ def processor_specs() -> tuple[ProcessorSpec, ...]:
             "top_h",
             "top-H: keep the most probable tokens while their entropy stays within top_h of the whole (of the top 100)",
             lambda o: samplers.TopH(o["top_h"]),
-            Option(name="top_h", type="float", default=0.4, help="> 0 and <= 1: the fraction of the entropy kept"),
+            Option(
+                name="top_h",
+                type="float",
+                default=0.4,
+                minimum=0.0,
+                maximum=1.0,
+                exclusive_minimum=True,
+                help="> 0 and <= 1: the fraction of the entropy kept",
+            ),
         ),
         _spec(
             "top_n_sigma",
@@ -199,16 +229,38 @@ def processor_specs() -> tuple[ProcessorSpec, ...]:
             "dynamic_temperature",
             "temperature scaled by the row's entropy within temperature +- delta (llama.cpp's dynatemp)",
             lambda o: samplers.DynamicTemperature(o["temperature"], o["delta"], o["exponent"]),
-            Option(name="temperature", type="float", default=1.0, help="the middle temperature, > 0"),
+            Option(
+                name="temperature",
+                type="float",
+                default=1.0,
+                minimum=0.0,
+                exclusive_minimum=True,
+                help="the middle temperature, > 0",
+            ),
             Option(name="delta", type="float", default=0.5, minimum=0.0, help="range either side, below temperature"),
-            Option(name="exponent", type="float", default=1.0, help="> 0: how the normalised entropy is curved"),
+            Option(
+                name="exponent",
+                type="float",
+                default=1.0,
+                minimum=0.0,
+                exclusive_minimum=True,
+                help="> 0: how the normalised entropy is curved",
+            ),
         ),
         _spec(
             "xtc",
             "exclude top choices: sometimes drop every token above a threshold but the least likely (llama.cpp)",
             lambda o: samplers.ExcludeTopChoices(o["probability"], o["threshold"], o["min_tokens_to_keep"]),
             Option(name="probability", type="float", default=0.5, help="how often XTC acts, 0 to 1"),
-            Option(name="threshold", type="float", default=0.1, help="> 0 and <= 0.5: what counts as a top choice"),
+            Option(
+                name="threshold",
+                type="float",
+                default=0.1,
+                minimum=0.0,
+                maximum=0.5,
+                exclusive_minimum=True,
+                help="> 0 and <= 0.5: what counts as a top choice",
+            ),
             KEEP,
         ),
         _spec(
@@ -258,12 +310,6 @@ def processor_specs() -> tuple[ProcessorSpec, ...]:
         _spec("greedy", "terminal: keep only the argmax (decode greedily)", lambda o: terminal.GreedyTerminal()),
         _spec("sample", "terminal: draw from the processed distribution", lambda o: terminal.SampleTerminal()),
     )
-
-
-def _positive(name: str, value: float) -> float:
-    if not value > 0:
-        raise ConfigError(f"logits processor {name!r}: penalty={value} must be > 0 (1 is no penalty)")
-    return value
 
 
 def controller_specs() -> tuple[ControllerSpec, ...]:

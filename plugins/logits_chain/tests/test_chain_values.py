@@ -21,7 +21,7 @@ BAD = [
     ([{"name": "logit_bias", "biases": {"13": True}}], "bias True of token '13' is not a number"),
     ([{"name": "suppress_tokens", "tokens": [True]}], "True is not a token id"),
     ([{"name": "suppress_tokens", "tokens": "[Infinity]"}], "inf is not a token id"),
-    ([{"name": "top_k", "top_k": 2.5}], "top_k=2.5 is not a int: not a whole number"),
+    ([{"name": "top_k", "top_k": 2.5}], "top_k=2.5 is not an int: not a whole number"),
     ([{"name": "top_p", "top_p": True}], "a boolean is not a number"),
 ]
 
