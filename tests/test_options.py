@@ -119,5 +119,5 @@ def test_exclusive_bounds_that_make_no_sense_are_refused(fields: dict[str, Any],
 
 def test_the_sample_controllers_temperature_is_above_zero(registry: PluginRegistry) -> None:
     (temperature,) = [o for o in registry.controllers()["sample"].options if o.name == "temperature"]
-    with pytest.raises(ConfigError, match="temperature=0.0 must be above 0.0"):
+    with pytest.raises(ConfigError, match=r"temperature=0.0 must be above 0.0"):
         temperature.convert(0, "controller 'sample'")
