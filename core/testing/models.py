@@ -106,6 +106,7 @@ def build_genai_model(
     tree_inputs: bool = False,
     eos_token_id: int | Sequence[int] = EOS_TOKEN_ID,
     local_window_size: int | None = None,
+    ring_cache: bool = False,
 ) -> Path:
     """Write a model folder in onnxruntime-genai's model-builder layout for a Llama model.
 
@@ -137,6 +138,8 @@ def build_genai_model(
     :param local_window_size: a sliding window on every layer but the last (Gemma 2/3 and Mistral style, as
         the builder writes it: GroupQueryAttention's ``local_window_size``, the query at position p sees keys at
         p - local_window_size + 1 .. p); None: every layer attends to the whole sequence.
+    :param ring_cache: the windowed layers keep window-sized ring caches (``sliding_window_cache=1``, the builder's
+        default export of windowed models; decoctl.model.ring_cache).
     :param vocab: the model's vocabulary; defaults to the tokenizer's (384). The tokenizer is trained with
         ``min(vocab, 384)`` entries, so a larger ``vocab`` leaves ids no text encodes to, as padded
         vocabularies of real models do.
@@ -147,7 +150,11 @@ def build_genai_model(
     dims.check()
     taps = _check_taps(tap_layers, num_layers)
     weights = _random_weights(dims, seed)
-    model = _genai_graph(weights, dims, hidden_states, taps, logits_all_positions, tree_inputs, local_window_size)
+    if ring_cache and local_window_size is None:
+        raise ValueError("ring_cache needs a local_window_size: a ring cache is a windowed layer's")
+    model = _genai_graph(
+        weights, dims, hidden_states, taps, logits_all_positions, tree_inputs, local_window_size, ring_cache
+    )
     if taps:
         helper.set_model_props(model, {TAP_LAYERS_KEY: ",".join(map(str, taps))})
     onnx.save_model(model, folder / "model.onnx")
@@ -538,13 +545,14 @@ def _genai_graph(
     logits_all_positions: bool,
     tree_inputs: bool,
     local_window_size: int | None = None,
+    ring_cache: bool = False,
 ) -> onnx.ModelProto:
     g = _Graph(weights)
     seqlens_k, total_length = _gqa_lengths(g)
     cos_table, sin_table = _rotary_tables(dims)
     cos, sin = g.tensor("cos_cache", cos_table), g.tensor("sin_cache", sin_table)
     tree = ("position_ids", "attention_bias") if tree_inputs else ()
-    attention = _gqa_attention(g, dims, [seqlens_k, total_length, cos, sin, *tree], local_window_size)
+    attention = _gqa_attention(g, dims, [seqlens_k, total_length, cos, sin, *tree], local_window_size, ring_cache)
     embedded = _embed(g)
     residuals = _decoder_layers(g, dims, embedded, attention, fused=True)
     last_only = not logits_all_positions
@@ -569,14 +577,19 @@ def _gqa_lengths(g: _Graph) -> tuple[str, str]:
 
 
 def _gqa_attention(
-    g: _Graph, dims: _Dims, shared_inputs: list[str], local_window_size: int | None = None
+    g: _Graph, dims: _Dims, shared_inputs: list[str], local_window_size: int | None = None, ring_cache: bool = False
 ) -> _Attention:
     """Attention through com.microsoft GroupQueryAttention, which writes present.{i}.key/value itself (with
-    ``local_window_size`` on every layer but the last)."""
+    ``local_window_size`` on every layer but the last, and ``sliding_window_cache`` there with ``ring_cache``)."""
 
     def attend(layer: int, q: str, k: str, v: str) -> str:
         windowed = local_window_size is not None and layer < dims.num_layers - 1
-        window = {"local_window_size": local_window_size} if windowed else {}
+        window: dict[str, int] = {}
+        if windowed:
+            assert local_window_size is not None
+            window["local_window_size"] = local_window_size
+            if ring_cache:
+                window["sliding_window_cache"] = 1
         name = f"/model/layers.{layer}/attn/GroupQueryAttention"
         inputs = [q, k, v, f"past_key_values.{layer}.key", f"past_key_values.{layer}.value", *shared_inputs]
         outputs = [f"{name}/output_0", f"present.{layer}.key", f"present.{layer}.value"]
