@@ -27,11 +27,23 @@ Everything is learnt online from this generation's own steps, in the seconds its
 - d as the measured drafting seconds per draft step, u(b) like c(n) from the catch-ups measured by their rows
   (both 0, optimistically, until measured).
 
-Drafting nothing: with ``k_min`` 0 the rule chooses k = 0, a plain target step, whenever no length pays. A rule that
-drafts nothing learns nothing new about drafting, so after ``PROBE_AFTER`` such choices in a row it drafts the best
-k >= 1 once anyway (a probe); the wait doubles after each probe, up to ``PROBE_AFTER_MOST``, and starts again from
-``PROBE_AFTER`` once drafting pays on its own. A drafter that stands still while nothing is drafted (an EAGLE head)
-catches up when drafting resumes, and u(b) prices that catch-up: the rule sees what resuming costs.
+Drafting nothing: with ``k_min`` 0 the rule chooses k = 0, a plain target step, whenever no length pays, and a
+:class:`DraftGate` holds it to what the steps really cost: it compares the seconds per committed token of the steps
+that drafted with the seconds of a plain step, both measured in this generation, and stops drafting (plain steps
+only) as soon as drafting turns out slower, whatever the cost model says (a machine where a multi-token forward is
+dear, a drafter that the target keeps overruling, host work the model does not see). Stopped, it probes: after
+``PROBE_AFTER`` plain steps in a row it drafts once anyway, and only while what drafting has lost so far in the
+generation is within ``PROBE_BUDGET`` of its time; the wait doubles after each probe, up to ``PROBE_AFTER_MOST``,
+and starts again from ``PROBE_AFTER`` once drafting pays. A probe that pays resumes drafting on trial: the next
+``JUDGE_AFTER`` steps draft whatever the cost model says, and their time decides again. So drafting costs at
+most a few percent more than greedy decoding where it never pays, and pays where it does. A drafter that stands
+still while nothing is drafted (an EAGLE head, a draft model) catches up when drafting resumes, and u(b) prices that
+catch-up: the rule sees what resuming costs.
+
+The one-token forward every cost is priced in is timed on plain steps: the first two steps of a generation verify no
+draft (the first, which runs cold and costs up to a third more, is left out once the second is in), and a plain step
+every ``REFRESH_EVERY`` drafting steps keeps the figure current. Acceptance is weighed towards recent steps
+(``ACCEPTANCE_DECAY`` per step of the bucket), so that the rule follows text that changes.
 
 The rule changes only which tokens are proposed, never how they are verified: it is lossless like the rest. Its
 choices follow measured time, so a sampling controller's random draws, and with them the exact tokens a seed gives,
@@ -41,6 +53,7 @@ can differ from run to run (the distribution never does); a fixed k (``adaptive`
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -49,10 +62,16 @@ import attrs
 from decoctl.errors import ConfigError
 
 __all__ = [
+    "ACCEPTANCE_DECAY",
+    "JUDGE_AFTER",
     "PRIOR_SLOPE",
     "PROBE_AFTER",
     "PROBE_AFTER_MOST",
+    "PROBE_BUDGET",
+    "REFRESH_EVERY",
+    "TIMING_DECAY",
     "CostAwareLength",
+    "DraftGate",
     "DraftLength",
     "ScheduledLength",
     "draft_length",
@@ -65,6 +84,16 @@ PRIOR_SLOPE = 0.1
 PROBE_AFTER = 8
 #: the longest wait between probes
 PROBE_AFTER_MOST = 256
+#: a probe waits while what drafting has lost in this generation is above this fraction of its time
+PROBE_BUDGET = 0.02
+#: drafting steps the gate judges by (the latest ones, at least this many, at most twice as many)
+JUDGE_AFTER = 8
+#: drafting steps in a row after which one plain step re-times the one-token forward
+REFRESH_EVERY = 32
+#: the weight a bucket's earlier drafts keep at each new step (recent acceptance counts most)
+ACCEPTANCE_DECAY = 0.95
+#: the weight earlier timings of a size keep at each new one
+TIMING_DECAY = 0.95
 
 
 class DraftLength:
@@ -142,7 +171,8 @@ class _Acceptance:
 
 
 class _Timings:
-    """Seconds measured by size (tokens a forward fed, rows a catch-up fed): their mean per size."""
+    """Seconds measured by size (tokens a forward fed, rows a catch-up fed): their mean per size, each earlier
+    measurement of a size weighing ``TIMING_DECAY`` times the next (costs follow a machine whose load changes)."""
 
     def __init__(self) -> None:
         self._totals: dict[int, list[float]] = {}  # size -> [total seconds, count]
@@ -151,10 +181,10 @@ class _Timings:
     def add(self, size: int, seconds: float) -> None:
         totals = self._totals.get(size)
         if totals is None:
-            totals = self._totals[size] = [0.0, 0]
+            totals = self._totals[size] = [0.0, 0.0]
             self._sizes = sorted(self._totals)
-        totals[0] += seconds
-        totals[1] += 1
+        totals[0] = TIMING_DECAY * totals[0] + seconds
+        totals[1] = TIMING_DECAY * totals[1] + 1
 
     def mean(self, size: int) -> float:
         total, count = self._totals.get(size, (0.0, 0))
@@ -186,9 +216,109 @@ def _priced(sizes: list[int], value: Callable[[int], float], n: int) -> float:
     return max(c2 + slope * (n - n2), 0.0) if at else max(c1 - slope * (n1 - n), 0.0)
 
 
+class DraftGate:
+    """Whether a step drafts at all, held to measured time: drafting steps against plain (one-token) steps.
+
+    Before each step, ``drafts(wanted)`` says whether to draft (``wanted``: whether the caller's own rule would);
+    after it, ``observe(drafted=, committed=, seconds=)`` gives the step's seconds, measured the same way for both
+    kinds of step, and the tokens it committed. The gate wants two plain steps first (their seconds are the unit;
+    the first, cold one is dropped once the second is in); it stops drafting when the latest drafting steps
+    (``JUDGE_AFTER`` to twice as many) took more seconds per committed token than a plain step, probes after runs
+    of plain steps within ``PROBE_BUDGET`` of the generation's time, and after a probe that paid drafts on trial
+    (whatever ``wanted`` says) until ``JUDGE_AFTER`` drafting steps judge it again; it asks for a plain step after
+    ``REFRESH_EVERY`` drafting steps in a row (module docstring). Lookahead drafts through one
+    directly; CostAwareLength through its own.
+    """
+
+    def __init__(self) -> None:
+        self._first: float | None = None  # the generation's first plain step: cold, the unit only until another
+        self._plain: deque[float] = deque(maxlen=4 * JUDGE_AFTER)
+        self._recent: deque[tuple[float, int]] = deque(maxlen=2 * JUDGE_AFTER)  # drafting steps: (seconds, tokens)
+        self.stopped = False  # measured drafting did not pay: plain steps and probes only
+        self.stops = self.probes = 0
+        self._probing = False
+        self._trial = 0  # drafting steps still owed to a trial after a probe that paid
+        self._zeros = 0  # plain choices since the last draft
+        self._wait = PROBE_AFTER
+        self._in_a_row = 0  # drafting steps since the last plain step
+        self._lost = 0.0  # seconds drafting steps took beyond a plain step per token they committed (< 0: gained)
+        self._total = 0.0
+
+    @property
+    def unit(self) -> float:
+        """The seconds of a plain step (0.0 until one is measured)."""
+        if self._plain:
+            return sum(self._plain) / len(self._plain)
+        return self._first or 0.0
+
+    @property
+    def ready(self) -> bool:
+        """Whether the plain step is timed (two plain steps seen)."""
+        return bool(self._plain)
+
+    def drafts(self, wanted: bool = True) -> bool:
+        """Whether the next step drafts: ``wanted`` and not stopped; or a probe that is due."""
+        if not self._plain or self._in_a_row >= REFRESH_EVERY:
+            return False
+        if self._trial or (wanted and not self.stopped):
+            return True
+        if self._zeros >= self._wait and self._lost <= PROBE_BUDGET * self._total:
+            self._probing = True
+            self.probes += 1
+            return True
+        self._zeros += 1
+        return False
+
+    def observe(self, *, drafted: bool, committed: int, seconds: float) -> None:
+        """One step: whether it drafted, how many tokens it committed and its seconds."""
+        self._total += seconds
+        if not drafted:
+            self._in_a_row = 0
+            if self._first is None:
+                self._first = seconds
+            else:
+                self._plain.append(seconds)
+            return
+        self._in_a_row += 1
+        self._zeros = 0
+        lost = seconds - committed * self.unit
+        self._lost += lost
+        if self._probing:
+            self._probing = False
+            self._wait = min(2 * self._wait, PROBE_AFTER_MOST)
+            if lost >= 0:
+                return
+            # drafting pays again, here at least: draft on trial until the latest steps can judge it afresh
+            self.stopped = False
+            self._recent.clear()
+            self._trial = JUDGE_AFTER
+        self._trial = max(0, self._trial - 1)
+        self._recent.append((seconds, committed))
+        if len(self._recent) < JUDGE_AFTER:
+            return
+        spent = sum(s for s, _ in self._recent)
+        tokens = sum(n for _, n in self._recent)
+        if spent > tokens * self.unit:
+            self.stopped = True
+            self.stops += 1
+            self._recent.clear()
+        else:
+            self._wait = PROBE_AFTER
+
+    def stats(self) -> dict[str, object]:
+        unit = self.unit
+        return {
+            "probes": self.probes,
+            "drafting_stops": self.stops,
+            "drafting_stopped": self.stopped,
+            "drafting_loss": round(self._lost / unit, 2) if unit else 0.0,
+        }
+
+
 class CostAwareLength(DraftLength):
-    """The k in [low, min(high, cap)] that maximises expected tokens per unit of cost, re-probing drafting after a
-    run of k = 0 (module docstring). ``first_from_catch_up``: the drafter's catch-up also gives its first draft (s)."""
+    """The k in [low, min(high, cap)] that maximises expected tokens per unit of cost; with low 0, held to measured
+    time by a DraftGate (module docstring). ``first_from_catch_up``: the drafter's catch-up also gives its first
+    draft (s)."""
 
     def __init__(
         self, start: int, low: int, high: int, *, controller: str = "draft length", first_from_catch_up: bool = False
@@ -196,35 +326,35 @@ class CostAwareLength(DraftLength):
         super().__init__(min(max(start, low), high), low, high, controller=controller)
         self._shared = int(first_from_catch_up)
         self._acceptance: dict[int, _Acceptance] = {}
-        self._verify = _Timings()  # tokens fed -> verify seconds
+        self._verify = _Timings()  # tokens fed -> verify seconds (the generation's first step apart)
+        self._first: float | None = None  # the first step's verify seconds: cold, the unit only until another
         self._catch_up = _Timings()  # rows fed -> catch-up seconds
         self._draft_step: list[float] = [0.0, 0.0]  # [seconds, draft steps]
         self.chosen: dict[int, int] = {}
-        self.probes = 0
-        self._zeros = 0  # zero-draft choices since the last draft
-        self._wait = PROBE_AFTER
+        self.gate = DraftGate()
+
+    @property
+    def probes(self) -> int:
+        return self.gate.probes
 
     def choose(self, bucket: int, cap: int, backlog: int = 0) -> int:
         high = min(self.high, cap)
-        if high <= 0 or not self._verify.mean(1):
-            # the first step verifies no draft: it times the one-token forward that every cost is priced in
+        if high <= 0 or not self.gate.ready:
+            # the first two steps verify no draft: they time the one-token forward every cost is priced in
             return 0
         best = self._best(bucket, min(self.low, high), high, backlog)
-        if best:
-            self._zeros, self._wait = 0, PROBE_AFTER
-        elif self._zeros < self._wait:
-            self._zeros += 1
-        else:  # a probe: drafting may pay by now, and only a draft can tell
-            best = self._best(bucket, 1, high, backlog)
-            self.probes += 1
-            self._zeros, self._wait = 0, min(2 * self._wait, PROBE_AFTER_MOST)
+        if self.low == 0:
+            if not self.gate.drafts(wanted=best > 0):
+                best = 0
+            elif not best:  # a probe, or a trial after one that paid: only drafts can tell whether drafting pays
+                best = self._best(bucket, 1, high, backlog)
         self.value = best
         self.chosen[best] = self.chosen.get(best, 0) + 1
         return best
 
     def _best(self, bucket: int, low: int, high: int, backlog: int) -> int:
         a = self._acceptance.setdefault(bucket, _Acceptance()).rate
-        unit = self._verify.mean(1)
+        unit = self._unit()
         d = self._draft_cost(unit)
         resume = self._catch_up_cost(backlog, unit)
         sizes = self._verify.sizes
@@ -256,22 +386,34 @@ class CostAwareLength(DraftLength):
         catch_up_rows: int = 0,
         catch_up_seconds: float = 0.0,
     ) -> None:
-        self._verify.add(drafted + 1, verify_seconds)
+        if drafted == 0 and self._first is None:
+            self._first = verify_seconds
+        else:
+            self._verify.add(drafted + 1, verify_seconds)
         if catch_up_rows:
             self._catch_up.add(catch_up_rows, catch_up_seconds)
+        self.gate.observe(
+            drafted=drafted > 0, committed=accepted + 1, seconds=verify_seconds + draft_seconds + catch_up_seconds
+        )
         if drafted == 0:
             return
         record = self._acceptance.setdefault(bucket, _Acceptance())
-        record.accepted += accepted
-        record.rejected += accepted < drafted
+        record.accepted = ACCEPTANCE_DECAY * record.accepted + accepted
+        record.rejected = ACCEPTANCE_DECAY * record.rejected + (accepted < drafted)
         self._draft_step[0] += draft_seconds
         self._draft_step[1] += drafted - self._shared
 
+    def _unit(self) -> float:
+        """The seconds of a one-token verify forward (0.0 before any)."""
+        return self._verify.mean(1) or self._first or 0.0
+
     def cost(self, n: int) -> float:
         """c(n): a forward over n tokens in one-token forwards, from what was measured (module docstring)."""
-        unit = self._verify.mean(1)
+        unit = self._unit()
         if not unit:
             return 1.0 + PRIOR_SLOPE * (n - 1)
+        if not self._verify.sizes:
+            return 1.0 if n == 1 else 1.0 + PRIOR_SLOPE * (n - 1)
         return _priced(self._verify.sizes, lambda size: self._verify.mean(size) / unit, n)
 
     def _draft_cost(self, unit: float) -> float:
@@ -285,7 +427,7 @@ class CostAwareLength(DraftLength):
         return _priced(self._catch_up.sizes, lambda size: self._catch_up.mean(size) / unit, rows)
 
     def stats(self) -> dict[str, object]:
-        unit = self._verify.mean(1)
+        unit = self._unit()
         out: dict[str, object] = {
             "k_final": self.value,
             "k_chosen": dict(sorted(self.chosen.items())),
@@ -294,7 +436,7 @@ class CostAwareLength(DraftLength):
             "draft_step_cost": round(self._draft_cost(unit), 3),
         }
         if self.low == 0:
-            out["probes"] = self.probes
+            out.update(self.gate.stats())
         return out
 
 

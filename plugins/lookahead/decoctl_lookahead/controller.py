@@ -17,15 +17,24 @@ The window's nodes are fed for their rows only; the root and the trie are verifi
 the longest path whose tokens the target would have produced is accepted, plus the target's own next token. The
 last level's rows give a new level: each column yields the n-gram (level 0, ..., level n-2, new) for the pool, and
 the window shifts up by one level.
+
+Never slower than greedy (``adaptive``, the default): a step costs a forward over every node of its tree, which on a
+CPU is far from free. A DraftGate (decoctl.draft_length) times the steps, the tree steps against plain one-token
+steps, and where the trees' committed tokens do not pay for their forwards the controller takes plain steps (the
+window waits, the pool and the copies keep learning from the committed text) and probes with a tree now and then,
+resuming when one pays.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from decoctl import CapabilityError, Host, Option
+from decoctl.draft_length import DraftGate
 from decoctl.verify import DraftTree, LookupIndex, Verdict, Verifier
 from decoctl_lookahead.pool import NGramPool
 
@@ -56,6 +65,13 @@ OPTIONS = (
         default=False,
         help="on a model without tree inputs, verify one pool n-gram per step with no Jacobi window",
     ),
+    Option(
+        name="adaptive",
+        type="bool",
+        default=True,
+        help="take plain one-token steps where the measured cost of the trees says they do not pay (probing again "
+        "later); false: a tree every step",
+    ),
     Option(name="sampling", type="bool", default=False, help="sample (lossless) instead of greedy"),
     Option(name="temperature", type="float", default=1.0, minimum=1e-6, help="sampling temperature"),
     Option(name="seed_window", type="int", default=0, help="seed of the window's initial guesses (prompt tokens)"),
@@ -77,9 +93,10 @@ def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
 
 
 class Lookahead:
-    """Jacobi lookahead window and n-gram verification in one target forward per step; lossless."""
+    """Jacobi lookahead window and n-gram verification in one target forward per step; lossless. ``clock``: what
+    the gate's costs are measured with (seconds; tests give one that does not depend on the machine)."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, options: dict[str, Any], *, clock: Callable[[], float] = time.perf_counter) -> None:
         self.window = options["window"]
         self.levels = options["ngram"] - 1
         self.guesses = options["guesses"]
@@ -88,6 +105,8 @@ class Lookahead:
         self.verifier = Verifier(sampling=options["sampling"], temperature=options["temperature"])
         self.seed_window = options["seed_window"]
         self.copy_length = options["copy_length"]
+        self.adaptive = bool(options["adaptive"])
+        self.clock = clock
         self._parents = self._window_parents()
 
     def _window_parents(self) -> list[int]:
@@ -124,7 +143,9 @@ class Lookahead:
         rng = np.random.default_rng(self.seed_window)
         self._grid = rng.choice(prompt, size=(self.levels, self.window)).astype(np.int64)
         self.verifier.start(host)
-        self.hits = self.verified = self.trimmed = self.copied = self.copy_accepted = 0
+        #: whether a step drafts at all, from measured time (a gate per generation); None: a tree every step
+        self.gate = DraftGate() if self.adaptive else None
+        self.hits = self.verified = self.trimmed = self.copied = self.copy_accepted = self.plain = 0
         host.trace["lookahead"] = {
             "window": self.window,
             "ngram": self.levels + 1,
@@ -134,10 +155,28 @@ class Lookahead:
 
     # -- one step -----------------------------------------------------------------------------------------
     def step(self, host: Host) -> None:
+        began = self.clock()
+        context = self._lookup.tokens
+        if self.gate is None or self.gate.drafts():
+            verdict, fed = self._draft_and_verify(host, context)
+        else:  # the trees do not pay here: a plain one-token step
+            verdict, fed = self.verifier.chain(host, ()), 1
+            self.plain += 1
+        if self.gate is not None:
+            self.gate.observe(drafted=fed > 1, committed=len(verdict.tokens), seconds=self.clock() - began)
+        self.verifier.commit(host, verdict)
+        if host.done:
+            return
+        self._lookup.extend(verdict.tokens)
+        n = self.levels + 1
+        self.pool.add_sequence(context, n, start=self._pooled_until)
+        self._pooled_until = max(self._pooled_until, len(context) - n + 1)
+
+    def _draft_and_verify(self, host: Host, context: list[int]) -> tuple[Verdict, int]:
+        """One lookahead step's verdict and the tokens its forward fed."""
         target = host.target
         room = target.max_length - target.length - 1
         longest = min(self.levels, host.remaining - 1)
-        context = self._lookup.tokens
         before = context[-2] if len(context) > 1 else None
         copy = tuple(self._lookup.find(min(self.copy_length, host.remaining - 1))[0])
         found = self.pool.candidates(self.verifier.pending, self.guesses + bool(copy), before) if longest > 0 else []
@@ -149,24 +188,21 @@ class Lookahead:
         if self.degraded or target.length == 0:
             # a tree must follow a cached token (GroupQueryAttention reads a pass with no past as a prompt): when
             # the pending token is the whole context (a one-token prompt) the first step verifies as a chain
-            verdict = self.verifier.chain(host, grams[0] if grams else ())
+            chain = grams[0] if grams else ()
+            verdict = self.verifier.chain(host, chain)
+            fed = 1 + len(chain)
             self.verified += bool(grams)
         else:
-            verdict = self._verify_tree(host, grams, room)
+            verdict, fed = self._verify_tree(host, grams, room)
             self.verified += len(grams)
         self.hits += verdict.accepted > 0
         if copy:
             self.copy_accepted += _common_prefix(copy, verdict.tokens[:-1])  # drafts only, not the target's token
-        self.verifier.commit(host, verdict)
-        if host.done:
-            return
-        self._lookup.extend(verdict.tokens)
-        n = self.levels + 1
-        self.pool.add_sequence(context, n, start=self._pooled_until)
-        self._pooled_until = max(self._pooled_until, len(context) - n + 1)
+        return verdict, fed
 
-    def _verify_tree(self, host: Host, grams: list[tuple[int, ...]], room: int) -> Verdict:
-        """The window (when it fits) and the grams merged into a trie, in one tree forward; the window shifts."""
+    def _verify_tree(self, host: Host, grams: list[tuple[int, ...]], room: int) -> tuple[Verdict, int]:
+        """The window (when it fits) and the grams merged into a trie, in one tree forward; the window shifts.
+        Returns the verdict and the tree's size."""
         width = self.window if room >= self.levels * self.window + sum(len(g) for g in grams) else 0
         self.trimmed += width == 0
         tree = DraftTree(self.verifier.pending)
@@ -180,7 +216,7 @@ class Lookahead:
         if width:
             last_level = host.target.logits()[1 + (self.levels - 1) * width : 1 + self.levels * width]
             self._shift_window(last_level.argmax(axis=-1))
-        return verdict
+        return verdict, tree.size
 
     def _shift_window(self, new_level: np.ndarray) -> None:
         grid = self._grid
@@ -202,4 +238,6 @@ class Lookahead:
             "copies_verified": self.copied,
             "copied_tokens_accepted": self.copy_accepted,
             "degraded": self.degraded,
+            "plain_steps": self.plain,
+            **(self.gate.stats() if self.gate is not None else {}),
         }

@@ -37,7 +37,8 @@ def test_lookahead_takes_several_tokens_per_forward_once_output_repeats(
     tree_model: Path, registry: PluginRegistry
 ) -> None:
     baseline = Generator({"target": tree_model}, "greedy", registry=registry).generate(PROMPTS[0], max_new_tokens=80)
-    lookahead = Generator({"target": tree_model}, "lookahead", registry=registry).generate(
+    options = {"adaptive": False}  # a tree every step, whatever it costs (test_lookahead_gate.py: the gate)
+    lookahead = Generator({"target": tree_model}, "lookahead", options=options, registry=registry).generate(
         PROMPTS[0], max_new_tokens=80
     )
     assert lookahead.tokens == baseline.tokens
@@ -53,7 +54,7 @@ def test_greedy_lookahead_with_copies_is_greedy_and_takes_copied_tokens(
     tree_model: Path, registry: PluginRegistry, window: int, ngram: int, guesses: int, copy_length: int
 ) -> None:
     baseline = Generator({"target": tree_model}, "greedy", registry=registry)
-    options = {"window": window, "ngram": ngram, "guesses": guesses, "copy_length": copy_length}
+    options = {"window": window, "ngram": ngram, "guesses": guesses, "copy_length": copy_length, "adaptive": False}
     lookahead = Generator({"target": tree_model}, "lookahead", options=options, registry=registry)
     copied = 0
     for prompt in PROMPTS:
@@ -66,7 +67,10 @@ def test_greedy_lookahead_with_copies_is_greedy_and_takes_copied_tokens(
 
 
 def test_the_stats_count_every_target_forward_by_the_tokens_it_fed(tree_model: Path, registry: PluginRegistry) -> None:
-    result = Generator({"target": tree_model}, "lookahead", registry=registry).generate(PROMPTS[1], max_new_tokens=40)
+    options = {"adaptive": False}
+    result = Generator({"target": tree_model}, "lookahead", options=options, registry=registry).generate(
+        PROMPTS[1], max_new_tokens=40
+    )
     sizes = result.stats.forward_sizes["target"]
     assert sizes.chain == {}
     assert sum(count for count, _ in sizes.tree.values()) == result.stats.forwards["target"]
@@ -133,7 +137,7 @@ def test_sampling_lookahead_keeps_the_distribution_of_the_first_two_tokens(
 ) -> None:
     """Chi-square on 2,500 seeded generations per prompt; the power check refutes temperature 1.0 instead of 1.3
     (a total-variation difference of about 0.05-0.1) on the same samples."""
-    options = {"sampling": True, "temperature": TEMPERATURE, "window": 3, "ngram": 3, "guesses": 3}
+    options = {"sampling": True, "temperature": TEMPERATURE, "window": 3, "ngram": 3, "guesses": 3, "adaptive": False}
     generator = Generator({"target": tree_model}, "lookahead", options=options, registry=registry)
     trials = 2500
     first, second = sample_two_tokens(generator, prompt, trials)

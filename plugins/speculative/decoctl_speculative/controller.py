@@ -8,12 +8,13 @@ A step drafts d1..dK after the pending token and verifies them in ONE target for
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from decoctl import ConfigError, Host, Option
-from decoctl.draft_length import draft_length
+from decoctl.draft_length import DraftLength, draft_length
 from decoctl.verify import Verifier
 from decoctl_speculative.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter
 
@@ -32,7 +33,13 @@ OPTIONS = (
         choices=("cost", "schedule"),
         help="adaptive k: the length with most expected tokens per measured cost, or HF's grow/shrink schedule",
     ),
-    Option(name="k_min", type="int", default=1, minimum=1, help="adaptive lower bound"),
+    Option(
+        name="k_min",
+        type="int",
+        default=0,
+        minimum=0,
+        help="adaptive lower bound (0: the cost rule takes plain one-token steps where drafting does not pay)",
+    ),
     Option(name="k_max", type="int", default=16, minimum=1, help="adaptive upper bound"),
     Option(name="sampling", type="bool", default=False, help="sample (lossless) instead of greedy"),
     Option(name="temperature", type="float", default=1.0, minimum=1e-6, help="sampling temperature"),
@@ -52,9 +59,11 @@ def roles_for(options: dict[str, Any]) -> tuple[str, ...]:
 
 
 class Speculative:
-    """Draft k tokens, verify them with one target forward, keep the longest acceptable prefix plus one."""
+    """Draft k tokens, verify them with one target forward, keep the longest acceptable prefix plus one.
+    ``clock``: what the draft-length rule's costs are measured with (seconds; tests give one that does not depend
+    on the machine)."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, options: dict[str, Any], *, clock: Callable[[], float] = time.perf_counter) -> None:
         self.sampling = bool(options["sampling"])
         self.temperature = float(options["temperature"])
         if options["ngram_min"] > options["ngram_max"]:
@@ -64,17 +73,18 @@ class Speculative:
         self.drafter: Drafter
         if options["drafter"] == "draft-model":
             sample_draft = self.sampling and not options["draft_greedy"]
-            self.drafter = DraftModelDrafter(sample=sample_draft, temperature=self.temperature)
+            self.drafter = DraftModelDrafter(sample=sample_draft, temperature=self.temperature, clock=clock)
         else:
             self.drafter = PromptLookupDrafter(ngram_min=options["ngram_min"], ngram_max=options["ngram_max"])
         self._options = options
-        self.k = draft_length(options, controller="speculative")
+        self.clock = clock
+        self.k = self._rule()
         self.verifier = Verifier(sampling=self.sampling, temperature=self.temperature)
         self.draft_seconds = self.verify_seconds = 0.0
 
     def start(self, host: Host) -> None:
         self.draft_seconds = self.verify_seconds = 0.0
-        self.k = draft_length(self._options, controller="speculative")  # what a rule learnt belongs to one generation
+        self.k = self._rule()  # what a rule learnt belongs to one generation
         prompt = host.prompt_tokens
         self._context = np.zeros(len(prompt) + host.remaining + 1, np.int64)
         self._context[: len(prompt)] = prompt
@@ -90,29 +100,37 @@ class Speculative:
             return "greedy-exact-match"
         return "point-mass-rejection" if self.drafter.deterministic else "speculative-sampling"
 
+    def _rule(self) -> DraftLength:
+        # a draft model's catch-up (feeding it what was committed since it last drafted) gives its first draft
+        return draft_length(self._options, controller="speculative", first_from_catch_up=not self.drafter.model_free)
+
     def step(self, host: Host) -> None:
         cap = min(self.k.high, self.verifier.room(host))
-        began = time.perf_counter()
+        clock = self.clock
+        began = clock()
         context = self._context[: self._length]
         if self.drafter.model_free:  # drafting is free: take every candidate, then verify as many as pay
             drafts, q = self.drafter.propose(host, context, cap) if cap > 0 else ([], None)
             k = self.k.choose(self.drafter.bucket, len(drafts))
             drafts = drafts[:k]
         else:  # every draft token costs a draft forward: decide first
-            k = self.k.choose(self.drafter.bucket, cap)
+            k = self.k.choose(self.drafter.bucket, cap, backlog=self.drafter.backlog(context))
             drafts, q = self.drafter.propose(host, context, k) if k > 0 else ([], None)
         q = None if q is None else q[: len(drafts)]
-        drafted = time.perf_counter()
+        drafted = clock()
         verdict = self.verifier.chain(host, drafts, q)
-        verified = time.perf_counter()
+        verified = clock()
         self.draft_seconds += drafted - began
         self.verify_seconds += verified - drafted
+        synced, sync_seconds = (self.drafter.synced_rows, self.drafter.sync_seconds) if drafts else (0, 0.0)
         self.k.observe(
             bucket=self.drafter.bucket,
             drafted=len(drafts),
             accepted=verdict.accepted,
             verify_seconds=verified - drafted,
-            draft_seconds=drafted - began,
+            draft_seconds=drafted - began - sync_seconds,
+            catch_up_rows=synced,
+            catch_up_seconds=sync_seconds,
         )
         self.verifier.commit(host, verdict)
         if host.done:

@@ -6,6 +6,8 @@ distributions q they were drawn from (None for point-mass proposals).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,10 +26,17 @@ class Drafter(Protocol):
     model_free: bool
     #: what the last proposal was based on, for the draft-length rule's acceptance statistics (0: one bucket)
     bucket: int
+    #: the context tokens the last proposal fed the drafter before its first draft, and the seconds that took
+    synced_rows: int
+    sync_seconds: float
 
     def start(self, host: Host) -> None: ...
 
     def propose(self, host: Host, context: np.ndarray, k: int) -> tuple[list[int], np.ndarray | None]: ...
+
+    def backlog(self, context: np.ndarray) -> int:
+        """Context tokens the drafter has not been fed yet (what its next proposal catches up on first)."""
+        ...
 
     def stats(self) -> dict[str, Any]: ...
 
@@ -38,17 +47,22 @@ class DraftModelDrafter:
 
     The draft's KV cache is kept in step with the committed context lazily: before drafting, the longest
     prefix its tokens share with the context is kept and only the rest is fed (usually the accepted tokens
-    plus the target's correction, in one forward).
+    plus the target's correction, in one forward; after steps that drafted nothing, everything they committed).
+    That catch-up's last row gives the first draft: ``synced_rows`` and ``sync_seconds`` (on ``clock``) say what the
+    last proposal's catch-up fed and cost, for the draft-length rule.
     """
 
     name = "draft-model"
     model_free = False
     bucket = 0
 
-    def __init__(self, *, sample: bool, temperature: float) -> None:
+    def __init__(self, *, sample: bool, temperature: float, clock: Callable[[], float] = time.perf_counter) -> None:
         self.deterministic = not sample
         self.temperature = temperature
+        self.clock = clock
         self._matched = 0
+        self.synced_rows = 0
+        self.sync_seconds = 0.0
 
     def start(self, host: Host) -> None:
         host["draft"].rewind(0)
@@ -67,11 +81,17 @@ class DraftModelDrafter:
         draft.rewind(common)
         row = draft.prefill(context[common:], host.prefill_chunk)[-1]
         self._matched = len(context)
+        self.synced_rows = len(context) - common
         return row
+
+    def backlog(self, context: np.ndarray) -> int:
+        return max(1, len(context) - self._matched)
 
     def propose(self, host: Host, context: np.ndarray, k: int) -> tuple[list[int], np.ndarray | None]:
         draft = host["draft"]
+        began = self.clock()
         row = self._sync(host, context)
+        self.sync_seconds = self.clock() - began
         drafts: list[int] = []
         qs: list[np.ndarray] = []
         for index in range(k):
@@ -101,6 +121,8 @@ class PromptLookupDrafter:
     name = "prompt-lookup"
     deterministic = True
     model_free = True
+    synced_rows = 0
+    sync_seconds = 0.0
 
     def __init__(self, *, ngram_min: int, ngram_max: int) -> None:
         #: the length of the n-gram the last proposal matched (0: none): longer matches are accepted more often
@@ -116,6 +138,10 @@ class PromptLookupDrafter:
         #: index positions before the context's first token (the source's)
         self._before = len(self.index.tokens)
         self.hits = self.misses = 0
+
+    def backlog(self, context: np.ndarray) -> int:
+        del context
+        return 0
 
     def propose(self, host: Host, context: np.ndarray, k: int) -> tuple[list[int], np.ndarray | None]:
         del host

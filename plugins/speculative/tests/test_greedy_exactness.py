@@ -80,9 +80,8 @@ def test_prompt_lookup_needs_fewer_target_forwards_on_a_repetitive_prompt(
     seed = baseline.generate("def fib(n):", max_new_tokens=60)
     prompt = "def fib(n):" + seed.text + "\n\ndef fib(n):"
     expected = baseline.generate(prompt, max_new_tokens=60)
-    lookup = Generator(
-        {"target": target}, "speculative", options={"drafter": "prompt-lookup", "k": 8}, registry=registry
-    )
+    options = {"drafter": "prompt-lookup", "k": 8, "adaptive": False}  # test_cost_gate.py: the cost rule
+    lookup = Generator({"target": target}, "speculative", options=options, registry=registry)
     got = lookup.generate(prompt, max_new_tokens=60)
     assert got.tokens == expected.tokens
     assert got.stats.forwards["target"] < 0.75 * expected.stats.forwards["target"]

@@ -26,10 +26,12 @@ def test_a_draft_model_drafter_without_a_draft_asks_for_one(target: Path, regist
         Generator({"target": target}, "speculative", registry=registry)
 
 
-@pytest.mark.parametrize("option", ["k", "k_min", "k_max"])
-def test_a_draft_length_below_one_is_refused(target: Path, draft: Path, registry: PluginRegistry, option: str) -> None:
+@pytest.mark.parametrize(("option", "value"), [("k", 0), ("k_min", -1), ("k_max", 0)])
+def test_a_draft_length_out_of_range_is_refused(
+    target: Path, draft: Path, registry: PluginRegistry, option: str, value: int
+) -> None:
     with pytest.raises(ConfigError, match=option):
-        Generator({"target": target, "draft": draft}, "speculative", options={option: 0}, registry=registry)
+        Generator({"target": target, "draft": draft}, "speculative", options={option: value}, registry=registry)
 
 
 def test_prompt_lookup_n_gram_bounds_in_the_wrong_order_are_refused(target: Path, registry: PluginRegistry) -> None:
