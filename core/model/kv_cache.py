@@ -33,6 +33,7 @@ __all__ = [
     "KVCache",
     "SharedKVCache",
     "binding_type",
+    "describe_layers",
     "dtype_name",
     "graph_dtype",
     "kv_shape",
@@ -332,6 +333,38 @@ class ConcatKVCache(KVCache):
             target[:, start:end, :] = source[:, positions, :]
         self._past, self._present = self._present, self._past
         self.length = end
+
+
+def describe_layers(spec: ModelSpec, rings: tuple[RingLayer, ...], max_length: int) -> list[str]:
+    """One line per cache kind: which layers keep it and its size in positions (``decoctl models info``)."""
+    ringed = {r.layer for r in rings}
+    full = [layer for layer in range(spec.num_layers) if layer not in ringed]
+    kind = "shared past/present buffer" if spec.share_buffer else "concatenated past/present (two buffers)"
+    lines = [f"{_spans(full)}: {kind}, {max_length} positions"] if full else []
+    by_shape: dict[tuple[int, int, int, int], list[int]] = {}
+    for ring in rings:
+        by_shape.setdefault((ring.window, ring.kernel_window, ring.capacity(max_length), ring.slack), []).append(
+            ring.layer
+        )
+    for (window, kernel, capacity, slack), layers in sorted(by_shape.items()):
+        widened = f", kernel window {kernel} (trees of up to {kernel - window + 1} tokens)" if kernel > window else ""
+        lines.append(
+            f"{_spans(layers)}: ring cache, window {window}{widened}, {capacity} positions and a spill of "
+            f"{slack} (rewinds of up to {slack + 1} tokens exact)"
+        )
+    return lines
+
+
+def _spans(layers: list[int]) -> str:
+    """[0, 1, 2, 5] -> "layers 0-2, 5"; [3] -> "layer 3"."""
+    spans: list[list[int]] = []
+    for layer in sorted(layers):
+        if spans and layer == spans[-1][-1] + 1:
+            spans[-1].append(layer)
+        else:
+            spans.append([layer])
+    named = ", ".join(f"{s[0]}-{s[-1]}" if len(s) > 1 else str(s[0]) for s in spans)
+    return f"layer {named}" if len(layers) == 1 else f"layers {named}"
 
 
 def make_kv_cache(

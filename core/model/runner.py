@@ -31,6 +31,7 @@ __all__ = [
     "Runner",
     "binding_calls",
     "dry_forward",
+    "kernel_failure",
     "private_ort_supported",
 ]
 
@@ -293,7 +294,10 @@ class Runner:
         )
         hidden = self._bind_rows(caps.hidden_states, self._hidden, n)
         aux = self._bind_rows(caps.aux_hidden_states, self._aux, n)
-        self._fast.run()
+        try:
+            self._fast.run()
+        except Exception as exc:  # onnxruntime's own error types
+            raise kernel_failure(self.model, exc, f"a forward of {n} tokens after {past}") from exc
         if self._narrow:
             self._widen(logit_rows, n)
         self.kv.advance(n)
@@ -313,7 +317,10 @@ class Runner:
         if self.kv.rings is not None:
             self.kv.rings.before_run(length, 1)
         self._feed_length(length + 1)
-        self._fast.run()
+        try:
+            self._fast.run()
+        except Exception as exc:  # onnxruntime's own error types
+            raise kernel_failure(self.model, exc, f"a one-token step after {length}") from exc
         if self._narrow:
             self._widen(1, 1)
         self.kv.advance(1)
@@ -426,6 +433,25 @@ class Runner:
         self.kv.gather(positions, start)
 
 
+_NODE = re.compile(r"running (\w+) node\. Name:'([^']*)' Status Message: (.*)", re.S)
+
+
+def kernel_failure(model: LoadedModel, exc: Exception, what: str) -> ModelLoadError:
+    """The error for a Run that onnxruntime refused after decoctl bound every input as the graph declares it: the
+    node and the kernel's own message, said to be onnxruntime's (its kernel does not run this export on this
+    machine), not an unexpected error."""
+    text = str(exc).strip()
+    match = _NODE.search(text)
+    where = f"its {match[1]} kernel at node {match[2]}" if match else "one of its kernels"
+    message = match[3].strip() if match else text
+    return ModelLoadError(
+        f"model {model.name}: {what} failed inside onnxruntime {ort.__version__}, in {where}: {message}. The "
+        "inputs are bound as the graph declares them, so the export uses a configuration this onnxruntime's "
+        "kernel refuses: export the model again without that feature (for example a different rotary or "
+        "head size, or windowed_kv_cache=false), or run it with an onnxruntime whose kernel supports it"
+    )
+
+
 def _output_dtype(model: LoadedModel, types: dict[str, str], name: str) -> np.dtype:
     """The host dtype of the graph's output ``name``, or ModelLoadError where decoctl cannot bind its type."""
     dtype = graph_dtype(types.get(name, ""))
@@ -473,12 +499,14 @@ def dry_forward(model: LoadedModel) -> str:
     ):
         try:
             logits = runner.run(feed).logits
-        except Exception as exc:  # onnxruntime's own error types: each means the graph and the bindings disagree
+        except Exception as failure:  # onnxruntime's own error types: each means the graph and the bindings disagree
+            # onnxruntime's own complaint, where the runner already said which kernel refused the run
+            exc = failure.__cause__ if isinstance(failure, ModelLoadError) and failure.__cause__ else failure
             inputs = ", ".join(f"{i.name} {i.type}{i.shape}" for i in session.get_inputs())
             raise ModelLoadError(
                 f"{graph} loads but {what} fails in onnxruntime ({type(exc).__name__}: {exc}); the graph "
                 f"takes {inputs}: the graph does not run as decoctl binds it; re-export it, or report the layout"
-            ) from exc
+            ) from failure
         if not np.isfinite(logits).all():
             raise ModelLoadError(
                 f"{graph}: {what} gives logits that are not finite (NaN or infinity): the export is broken "

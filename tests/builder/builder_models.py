@@ -162,3 +162,19 @@ def lfm2(root: Path) -> Export:
     config = transformers.Lfm2Config(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"], **DIMS)
     model = transformers.Lfm2ForCausalLM(config).eval()
     return export(root, model, eos=(EOS_TOKEN_ID,))
+
+
+#: the sliding window of the windowed exports: small, so that short prompts run past it
+WINDOW = 16
+
+
+def gemma2(root: Path) -> Export:
+    """Gemma 2: sliding-window layers (window 16) between full ones, which the builder exports by default with
+    window-sized ring caches (GroupQueryAttention's sliding_window_cache=1)."""
+    require_builder()
+    import torch
+    import transformers
+
+    torch.manual_seed(4)
+    config = transformers.Gemma2Config(num_hidden_layers=3, sliding_window=WINDOW, head_dim=16, **DIMS)
+    return export(root, transformers.Gemma2ForCausalLM(config).eval(), eos=(EOS_TOKEN_ID,))

@@ -20,3 +20,8 @@ def qwen2(tmp_path_factory: pytest.TempPathFactory) -> Export:
 @pytest.fixture(scope="session")
 def lfm2(tmp_path_factory: pytest.TempPathFactory) -> Export:
     return builder_models.lfm2(tmp_path_factory.mktemp("builder-lfm2"))
+
+
+@pytest.fixture(scope="session")
+def gemma2(tmp_path_factory: pytest.TempPathFactory) -> Export:
+    return builder_models.gemma2(tmp_path_factory.mktemp("builder-gemma2"))

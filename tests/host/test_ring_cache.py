@@ -18,6 +18,7 @@ from decoctl import CapabilityError, SequenceError
 from decoctl.errors import ModelLoadError
 from decoctl.host import Sequence
 from decoctl.model import load_model
+from decoctl.model.kv_cache import describe_layers
 from decoctl.model.ring_cache import resident_count
 from decoctl.rows import Rows
 from decoctl.testing import build_genai_model, reference_logits
@@ -226,3 +227,36 @@ def test_a_ring_window_larger_than_the_context_is_refused_by_name(tmp_path: Path
         ModelLoadError, match=r"layer 0 keeps a ring cache of window 300, larger than the model's context \(256\)"
     ):
         load_model(folder, threads=1)
+
+
+def test_models_info_shows_each_layers_cache_kind_and_capacity(pair: tuple[Path, Path]) -> None:
+    model = load_model(pair[0], threads=1, ring_slack=SLACK)
+
+    lines = describe_layers(model.spec, model.capabilities.rings, 256)
+
+    assert lines == [
+        "layer 2: shared past/present buffer, 256 positions",
+        "layers 0-1: ring cache, window 4, 6 positions and a spill of 2 (rewinds of up to 3 tokens exact)",
+    ]
+
+
+def test_a_run_refused_inside_onnxruntimes_kernel_says_so_and_names_the_node(
+    pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sequence = ring_sequence(pair[0])
+    refusal = (
+        "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running GroupQueryAttention node. "
+        "Name:'/model/layers.0/attn/GroupQueryAttention' Status Message: rotary dimension 16 is not supported"
+    )
+
+    def refuse() -> None:
+        raise RuntimeError(refusal)
+
+    monkeypatch.setattr(sequence._runner._fast, "run", refuse)
+
+    with pytest.raises(
+        ModelLoadError,
+        match=r"inside onnxruntime .* GroupQueryAttention kernel at node "
+        r"/model/layers.0/attn/GroupQueryAttention: rotary dimension 16 is not supported",
+    ):
+        sequence.forward([1, 2, 3])
