@@ -1,0 +1,466 @@
+"""The HTTP side: a Starlette app with OpenAI's endpoints over one Engine.
+
+app = create_app(engine, model_name="pycode", chat_template=template, api_key=None)
+uvicorn.run(app, host="127.0.0.1", port=8000)
+
+The HTTP side only checks requests, queues them on the engine and reads their events; the engine thread owns the
+models. A client that goes away cancels its request (its rows are freed at the engine's next step); a full queue
+answers 429 with Retry-After; every error is OpenAI's error shape with a message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import importlib.resources
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import attrs
+import pydantic
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from decoctl.chat_template import ChatTemplate
+from decoctl.errors import ConfigError
+from decoctl.logs import get_logger
+from decoctl.serve.engine import (
+    Delta,
+    Engine,
+    EngineClosedError,
+    EngineRequest,
+    Failed,
+    Finished,
+    Handle,
+    QueueFullError,
+    TokenLogprob,
+)
+from decoctl.serve.metrics import CONTENT_TYPE_LATEST, Metrics
+from decoctl.serve.protocol import ChatRequest, CompletionRequest, error_body, validation_message
+from decoctl.serve.translate import choice_for
+
+__all__ = ["create_app"]
+
+log = get_logger(__name__)
+
+#: what a client waits before retrying a request the full queue refused (Retry-After)
+RETRY_AFTER_SECONDS = 1
+
+
+class _Refusal(Exception):
+    """A request refused with an HTTP status and OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = error_body(message, kind, extra.pop("param", None), extra.pop("code", None))
+        self.headers: dict[str, str] = extra.pop("headers", {})
+
+
+@attrs.define(eq=False)
+class _Choice:
+    """One choice of a response while its events arrive."""
+
+    text: list[str] = attrs.field(factory=list)
+    logprobs: list[TokenLogprob] = attrs.field(factory=list)
+    finished: Finished | None = None
+
+
+@attrs.define(eq=False)
+class _Submitted:
+    """A request's engine submissions (one per prompt) and the queue their events arrive on."""
+
+    handles: list[Handle]
+    events: asyncio.Queue[tuple[int, Any]]
+    started: float
+    controller: str
+    choices: int
+
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
+
+def create_app(
+    engine: Engine,
+    *,
+    model_name: str,
+    chat_template: ChatTemplate | None = None,
+    api_key: str | None = None,
+) -> Starlette:
+    """The server's ASGI app over ``engine`` (started at the app's start-up, drained at its shutdown)."""
+    metrics = Metrics(engine)
+    tokenizer = engine.models["target"].tokenizer
+    vocab_size = engine.models["target"].spec.vocab_size
+    created = int(time.time())
+
+    def authorised(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise _Refusal(401, "incorrect API key: send it as 'Authorization: Bearer KEY'", code="invalid_api_key")
+
+    async def parsed(request: Request, shape: type[CompletionRequest] | type[ChatRequest]) -> Any:
+        authorised(request)
+        body = await request.body()
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _Refusal(400, f"the request body is not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise _Refusal(400, "the request body must be a JSON object")
+        try:
+            value = shape.model_validate(data)
+        except pydantic.ValidationError as exc:
+            message, param = validation_message(exc)
+            raise _Refusal(400, message, param=param) from None
+        if value.model != model_name:
+            raise _Refusal(
+                404,
+                f"model {value.model!r} is not served here: this server serves {model_name!r}",
+                code="model_not_found",
+            )
+        return value
+
+    def submit(
+        body: CompletionRequest | ChatRequest, prompts: list[tuple[int, ...]], max_tokens: int | None, logprobs: Any
+    ) -> _Submitted:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        try:
+            controller, options, tables = choice_for(body, engine.registry, vocab_size)
+        except ConfigError as exc:
+            raise _Refusal(400, str(exc)) from None
+        handles: list[Handle] = []
+        for number, ids in enumerate(prompts):
+            room = engine.max_length - len(ids)
+            request = EngineRequest(
+                ids=ids,
+                max_new_tokens=max_tokens if max_tokens is not None else max(1, room),
+                stop=body.stop_strings(),
+                seed=body.seed,
+                n=body.n,
+                controller=controller,
+                options=options,
+                processors=tables or None,
+                logprobs=logprobs,
+            )
+
+            def on_event(event: Any, number: int = number) -> None:
+                loop.call_soon_threadsafe(events.put_nowait, (number, event))
+
+            try:
+                handles.append(engine.submit(request, on_event))
+            except ConfigError as exc:
+                for handle in handles:
+                    handle.cancel()
+                raise _Refusal(400, str(exc)) from None
+            except QueueFullError as exc:
+                for handle in handles:
+                    handle.cancel()
+                raise _Refusal(
+                    429, str(exc), "rate_limit_error", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+                ) from None
+            except EngineClosedError as exc:
+                for handle in handles:
+                    handle.cancel()
+                raise _Refusal(503, str(exc), "server_error") from None
+            metrics.prompt_tokens.labels(controller).inc(len(ids))
+        return _Submitted(
+            handles=handles,
+            events=events,
+            started=time.perf_counter(),
+            controller=handles[0].plan.spec.name,
+            choices=len(prompts) * body.n,
+        )
+
+    async def events_of(submitted: _Submitted, request: Request) -> AsyncIterator[tuple[int, Any]]:
+        """(choice index, event) until every choice finished; the request cancelled when its client leaves."""
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            submitted.cancel()
+
+        watcher = asyncio.create_task(watch())
+        left, first = submitted.choices, True
+        n = submitted.choices // len(submitted.handles)
+        try:
+            while left:
+                number, event = await submitted.events.get()
+                if isinstance(event, Failed):
+                    submitted.cancel()
+                    raise _Refusal(500, event.message, "server_error")
+                index = number * n + event.index
+                if isinstance(event, Delta) and first and event.tokens:
+                    first = False
+                    metrics.first_token.observe(time.perf_counter() - submitted.started)
+                if isinstance(event, Finished):
+                    left -= 1
+                    controller = submitted.controller
+                    metrics.generated_tokens.labels(controller).inc(len(event.tokens))
+                    metrics.drafted_tokens.labels(controller).inc(event.drafted)
+                    if event.tokens:
+                        metrics.tokens_per_forward.labels(controller).observe(event.tokens_per_target_forward)
+                yield index, event
+            metrics.request_seconds.observe(time.perf_counter() - submitted.started)
+        finally:
+            watcher.cancel()
+            submitted.cancel()  # a no-op for finished requests; frees the rows of a stream left early
+
+    def usage(finished: list[Finished], prompts: list[tuple[int, ...]]) -> dict[str, int]:
+        prompt = sum(len(ids) for ids in prompts)
+        completion = sum(len(f.tokens) for f in finished)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def stats(finished: list[Finished], controller: str) -> dict[str, Any]:
+        tokens = sum(len(f.tokens) for f in finished)
+        forwards = sum(f.target_forwards for f in finished)
+        return {
+            "controller": controller,
+            "target_forwards": forwards,
+            "drafted_tokens": sum(f.drafted for f in finished),
+            "tokens_per_target_forward": round(tokens / forwards, 4) if forwards else float(tokens),
+        }
+
+    def token_text(token: int) -> str:
+        text: str = tokenizer.decode([token])
+        return text
+
+    def completion_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
+        offsets, at = [], 0
+        for item in items:
+            offsets.append(at)
+            at += len(token_text(item.token))
+        return {
+            "tokens": [token_text(i.token) for i in items],
+            "token_logprobs": [i.logprob for i in items],
+            "top_logprobs": [{token_text(t): lp for t, lp in i.top} for i in items],
+            "text_offset": offsets,
+        }
+
+    def chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            text = token_text(token)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        return {
+            "content": [{**entry(i.token, i.logprob), "top_logprobs": [entry(t, lp) for t, lp in i.top]} for i in items]
+        }
+
+    async def respond(
+        request: Request,
+        body: CompletionRequest | ChatRequest,
+        prompts: list[tuple[int, ...]],
+        max_tokens: int | None,
+        logprobs: int | None,
+        chat: bool,
+    ) -> Response:
+        submitted = submit(body, prompts, max_tokens, logprobs)
+        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        kind = "chat.completion" if chat else "text_completion"
+        shown = chat_logprobs if chat else completion_logprobs
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(
+                _sse(stream(request, submitted, ident, kind, shown, prompts, chat, logprobs, include_usage)),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        choices = [_Choice() for _ in range(submitted.choices)]
+        async for index, event in events_of(submitted, request):
+            if isinstance(event, Delta):
+                choices[index].text.append(event.text)
+                if event.logprobs:
+                    choices[index].logprobs.extend(event.logprobs)
+            else:
+                choices[index].finished = event
+        finished = [c.finished for c in choices if c.finished is not None]
+        listed = []
+        for index, item in enumerate(choices):
+            assert item.finished is not None
+            text = "".join(item.text)
+            entry: dict[str, Any] = {"index": index, "finish_reason": item.finished.finish_reason}
+            if chat:
+                entry["message"] = {"role": "assistant", "content": text}
+            else:
+                entry["text"] = text
+            entry["logprobs"] = shown(item.logprobs) if logprobs is not None else None
+            listed.append(entry)
+        return JSONResponse(
+            {
+                "id": ident,
+                "object": kind,
+                "created": int(time.time()),
+                "model": model_name,
+                "choices": listed,
+                "usage": usage(finished, prompts),
+                "decoctl": stats(finished, submitted.controller),
+            }
+        )
+
+    async def stream(
+        request: Request,
+        submitted: _Submitted,
+        ident: str,
+        kind: str,
+        shown: Callable[[list[TokenLogprob]], dict[str, Any]],
+        prompts: list[tuple[int, ...]],
+        chat: bool,
+        logprobs: int | None,
+        include_usage: bool,
+    ) -> AsyncIterator[dict[str, Any]]:
+        now = int(time.time())
+        chunk_kind = "chat.completion.chunk" if chat else kind
+
+        def chunk(choices: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
+            return {"id": ident, "object": chunk_kind, "created": now, "model": model_name, "choices": choices, **more}
+
+        if chat:
+            yield chunk(
+                [
+                    {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                    for i in range(submitted.choices)
+                ]
+            )
+        finished: list[Finished] = []
+        try:
+            async for index, event in events_of(submitted, request):
+                if isinstance(event, Delta):
+                    if not event.text and not event.tokens:
+                        continue
+                    item: dict[str, Any] = {"index": index, "finish_reason": None}
+                    if chat:
+                        item["delta"] = {"content": event.text}
+                    else:
+                        item["text"] = event.text
+                    item["logprobs"] = shown(list(event.logprobs)) if event.logprobs is not None else None
+                    extension = {"tokens": len(event.tokens), "drafted": event.drafted}
+                    yield chunk([item], decoctl=extension)
+                else:
+                    finished.append(event)
+                    item = {"index": index, "finish_reason": event.finish_reason, "logprobs": None}
+                    if chat:
+                        item["delta"] = {}
+                    else:
+                        item["text"] = ""
+                    yield chunk([item], decoctl=stats([event], submitted.controller))
+        except _Refusal as refusal:
+            yield refusal.body
+            return
+        if include_usage:
+            yield chunk([], usage=usage(finished, prompts))
+
+    async def completions(request: Request) -> Response:
+        body: CompletionRequest = await parsed(request, CompletionRequest)
+        prompt = body.prompt
+        if isinstance(prompt, str):
+            texts: list[Any] = [prompt]
+        elif prompt and all(isinstance(p, int) for p in prompt):
+            texts = [prompt]
+        else:
+            texts = list(prompt)
+        if not texts:
+            raise _Refusal(
+                400, "prompt is an empty list: give a string, a list of strings or token ids", param="prompt"
+            )
+        prompts = [tuple(tokenizer.encode(p)) if isinstance(p, str) else tuple(p) for p in texts]
+        return await respond(request, body, prompts, body.max_tokens, body.logprobs, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        body: ChatRequest = await parsed(request, ChatRequest)
+        if chat_template is None:
+            raise _Refusal(
+                400,
+                f"model {model_name!r} has no chat template: use /v1/completions, or start the server with "
+                "--chat-template FILE",
+            )
+        try:
+            prompt = chat_template.prompt(body.chat())
+        except ConfigError as exc:
+            raise _Refusal(400, str(exc), param="messages") from None
+        if body.top_logprobs is not None and not body.logprobs:
+            raise _Refusal(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        return await respond(request, body, [prompt.ids], max_tokens, logprobs, chat=True)
+
+    async def models(request: Request) -> Response:
+        authorised(request)
+        entry = {"id": model_name, "object": "model", "created": created, "owned_by": "decoctl"}
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    async def health(request: Request) -> Response:
+        status = 200 if engine.running else 503
+        body = {
+            "status": "ok" if engine.running else "stopped",
+            "model": model_name,
+            "rows": engine.live_rows,
+            "max_rows": engine.max_rows,
+            "queued": engine.queued,
+        }
+        return JSONResponse(body, status_code=status)
+
+    async def metrics_text(request: Request) -> Response:
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    async def page(request: Request) -> Response:
+        html = importlib.resources.files("decoctl.serve").joinpath("page/index.html").read_text(encoding="utf-8")
+        return HTMLResponse(html.replace("{{MODEL}}", json.dumps(model_name)))
+
+    def counted(endpoint: Callable[[Request], Any], name: str) -> Callable[[Request], Any]:
+        async def run(request: Request) -> Response:
+            try:
+                response: Response = await endpoint(request)
+            except _Refusal as refusal:
+                response = JSONResponse(refusal.body, status_code=refusal.status, headers=refusal.headers)
+            except Exception as exc:  # never a traceback to the client: the message names the failure only
+                log.error("decoctl.serve.internal_error", endpoint=name, error=f"{type(exc).__name__}: {exc}")
+                response = JSONResponse(error_body("internal server error", "server_error"), status_code=500)
+            metrics.requests.labels(name, str(response.status_code)).inc()
+            return response
+
+        return run
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        body = error_body(message.get(status, "internal server error"), "invalid_request_error")
+        return JSONResponse(body, status_code=status)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(engine.close)
+
+    routes = [
+        Route("/", counted(page, "/"), methods=["GET"]),
+        Route("/health", counted(health, "/health"), methods=["GET"]),
+        Route("/metrics", metrics_text, methods=["GET"]),
+        Route("/v1/models", counted(models, "/v1/models"), methods=["GET"]),
+        Route("/v1/completions", counted(completions, "/v1/completions"), methods=["POST"]),
+        Route("/v1/chat/completions", counted(chat_completions, "/v1/chat/completions"), methods=["POST"]),
+    ]
+    return Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found, Exception: not_found}
+    )
+
+
+async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    """Server-sent events: one ``data:`` line per chunk, then ``data: [DONE]``."""
+    async for item in chunks:
+        yield f"data: {json.dumps(item, ensure_ascii=False)}\n\n"
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,189 @@
+"""``decoctl serve`` (the OpenAI-compatible server) and ``decoctl chat`` (a chat in the terminal).
+
+The server loads its models once, at start, as the operator names them (a target, and the roles its bundle or the
+flags give): requests choose among those and the installed plugins only. It binds 127.0.0.1 unless ``--host`` says
+otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from decoctl.errors import ConfigError
+from decoctl.plugins import PluginRegistry
+
+__all__ = ["add_serve_parsers", "load_roles", "run_chat", "run_serve"]
+
+HUGE_PAGES_HELP = "leave the weights on ordinary pages (no malloc or madvise tuning)"
+
+
+def _key_values(items: list[str], what: str) -> dict[str, str]:
+    values = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{what} {item!r} must be written KEY=VALUE")
+        values[key.strip()] = value.strip()
+    return values
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "-m", help="registered model name or folder (default: the demo model 'pycode')")
+    parser.add_argument("--draft", help="model for the 'draft' role")
+    parser.add_argument("--role", action="append", default=[], metavar="ROLE=MODEL", help="model for any other role")
+    parser.add_argument("--threads", type=int, help="intra-op threads (default: cores/2, as onnxruntime-genai)")
+    parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template instead of the model's own")
+    parser.add_argument("--no-huge-pages", action="store_true", help=HUGE_PAGES_HELP)
+
+
+def add_serve_parsers(commands: Any) -> None:
+    """The ``serve`` and ``chat`` subcommands."""
+    serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (needs pip install 'decoctl[serve]')")
+    _add_model_arguments(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    serve.add_argument("--max-rows", type=int, default=8, help="completions running at once (rows of the KV buffer)")
+    serve.add_argument("--max-queue", type=int, default=64, help="requests waiting for rows; more get 429")
+    serve.add_argument("--max-length", type=int, help="positions per row, prompt and completion (default: the model's)")
+    serve.add_argument("--prefill-chunk", type=int, help="feed prompts this many tokens per forward")
+    serve.add_argument(
+        "--api-key", help="require 'Authorization: Bearer KEY' on /v1/ (default: $DECOCTL_API_KEY, else none)"
+    )
+    serve.add_argument("--name", help="the model id clients send (default: the model's name)")
+    chat = commands.add_parser("chat", help="chat with a model in the terminal (needs pip install 'decoctl[chat]')")
+    _add_model_arguments(chat)
+    chat.add_argument("--controller", "-c", default="greedy", help="an installed controller (default greedy)")
+    chat.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="controller option")
+    chat.add_argument("--processors", "-p", help='logits chain, e.g. "temperature=0.7,top_p=0.9"')
+    chat.add_argument("--max-new-tokens", "-n", type=int, default=512, help="longest answer (default 512)")
+    chat.add_argument("--seed", type=int, default=0)
+    chat.add_argument("--system", help="a system message to start every conversation with")
+
+
+def load_roles(args: argparse.Namespace, registry: PluginRegistry) -> dict[str, Any]:
+    """The models the command's flags name, loaded: the target, its bundle's other roles, --draft and --role."""
+    from decoctl.model.loader import load_model
+    from decoctl.resolve import resolve_model
+    from decoctl.specs import normalise_name
+
+    name, path = resolve_model(args.model, registry)
+    references: dict[str, Any] = {}
+    bundle = registry.models().get(normalise_name(name)) if args.model is None or "/" not in str(args.model) else None
+    if bundle is not None:
+        references.update(bundle.roles)
+    if args.draft:
+        references["draft"] = args.draft
+    references.update(_key_values(args.role, "--role"))
+    huge = not args.no_huge_pages
+    models = {"target": load_model(path, name=name, threads=args.threads, huge_pages=huge)}
+    for role, reference in references.items():
+        role_name, role_path = resolve_model(reference, registry)
+        models[role] = load_model(role_path, name=role_name, threads=args.threads, huge_pages=huge)
+    return models
+
+
+def _chat_template(args: argparse.Namespace, folder: Path, *, required: bool) -> Any:
+    from decoctl.chat_template import ChatTemplate
+
+    try:
+        return ChatTemplate.from_folder(folder, template=args.chat_template)
+    except ConfigError:
+        if required or args.chat_template:
+            raise
+        return None
+
+
+def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
+    try:
+        import uvicorn
+
+        from decoctl.serve.app import create_app
+        from decoctl.serve.engine import Engine
+    except ImportError as exc:
+        raise ConfigError(
+            f"decoctl serve needs the serve extra ({exc.name} is missing): pip install 'decoctl[serve]'"
+        ) from None
+    models = load_roles(args, registry)
+    target = models["target"]
+    template = _chat_template(args, target.spec.path, required=False)
+    engine = Engine(
+        models,
+        registry=registry,
+        max_rows=args.max_rows,
+        max_queue=args.max_queue,
+        max_length=args.max_length,
+        prefill_chunk=args.prefill_chunk,
+    )
+    api_key = args.api_key or os.environ.get("DECOCTL_API_KEY") or None
+    name = args.name or target.name
+    app = create_app(engine, model_name=name, chat_template=template, api_key=api_key)
+    chat = "with" if template is not None else "without"
+    print(
+        f"decoctl: serving {name} ({', '.join(sorted(models))}; {engine.max_rows} rows of {engine.max_length} "
+        f"positions; {chat} a chat template) on http://{args.host}:{args.port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)
+    return 0
+
+
+def run_chat(
+    args: argparse.Namespace, registry: PluginRegistry, *, stdin: TextIO | None = None, stdout: TextIO | None = None
+) -> int:
+    """A conversation in the terminal: each line the user types is a message, the answer streams; ``/reset`` starts
+    over, ``/quit`` (or end of input) leaves."""
+    from decoctl.generate import Generator
+
+    given_in, out = stdin or sys.stdin, stdout or sys.stdout
+    roles: dict[str, Any] = {"target": args.model}
+    if args.draft:
+        roles["draft"] = args.draft
+    roles.update(_key_values(args.role, "--role"))
+    options: Mapping[str, Any] = _key_values(args.option, "--option")
+    generator = Generator(
+        roles,
+        args.controller,
+        options=options,
+        processors=args.processors,
+        registry=registry,
+        threads=args.threads,
+        huge_pages=not args.no_huge_pages,
+    )
+    target = generator.models["target"]
+    template = _chat_template(args, target.spec.path, required=True)
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    history = list(start)
+    interactive = given_in.isatty()
+    out.write(f"decoctl chat with {target.name} ({generator.spec.name}): /reset starts over, /quit leaves\n")
+    while True:
+        if interactive:
+            out.write("> ")
+        out.flush()
+        line = given_in.readline()
+        if not line:
+            break
+        text = line.rstrip("\n")
+        if text.strip() == "/quit":
+            break
+        if text.strip() == "/reset":
+            history = list(start)
+            out.write("(conversation reset)\n")
+            continue
+        if not text.strip():
+            continue
+        history.append({"role": "user", "content": text})
+        prompt = generator.chat_prompt(history, template=template)
+        pieces = []
+        for piece in generator.stream(prompt, max_new_tokens=args.max_new_tokens, seed=args.seed):
+            pieces.append(piece)
+            out.write(piece)
+            out.flush()
+        out.write("\n")
+        history.append({"role": "assistant", "content": "".join(pieces)})
+    return 0

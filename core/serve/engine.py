@@ -1,0 +1,644 @@
+"""The engine: one thread owns the models, every live completion is a row of the target's batched KV buffer.
+
+engine = Engine({"target": load_model(folder)}, max_rows=8, max_queue=64)
+engine.start()
+handle = engine.submit(EngineRequest(ids=(...), max_new_tokens=64), on_event=print)   # Delta, Finished, Failed
+handle.cancel()                                                                        # frees its rows next step
+engine.close()                                                                         # drains, then stops
+
+Each iteration of the engine's loop (decoctl.batch's loop, with rows that come and go):
+1. completions whose client left are ended and their rows freed;
+2. waiting requests are admitted while rows are free (each completion prefilled into a row of its own, a Host,
+   controller and logits chain of its own over it);
+3. each completion advances one step: a controller that can step one row among many (``ControllerSpec.batched``,
+   a RowController: greedy, sample) picks its next token from its row's logits and the engine commits it; any other
+   controller (a drafting one: speculative, lookahead, EAGLE) runs its own step on its row, verifying in its own
+   forward;
+4. one ``Rows.step`` feeds the picked tokens of every row still running, in one onnxruntime Run;
+5. what each completion committed goes to its request's ``on_event``.
+A finished completion frees its row at once and the next waiting request takes it. Every completion's output is the
+one it gets alone: greedy token for token, sampling the same tokens for the same seed.
+
+Requests choose only among what the operator installed and loaded: a registered controller by name (never a path
+or a shared library), registered logits processors, and the roles the engine was given. A request's completions
+draw from their own seeded streams: completion 0 from ``default_rng(seed)``, completion i from the i-th stream its
+``spawn`` gives, as the sample controller's ``n`` draws.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from decoctl.controllers import RowController
+from decoctl.errors import ConfigError, ControllerError, DecoctlError
+from decoctl.generate import Generator
+from decoctl.host import Host, Sequence, SequenceStats, role_flag
+from decoctl.logs import get_logger
+from decoctl.model.loader import LoadedModel
+from decoctl.output import Output, StopRules
+from decoctl.plugins import PluginRegistry
+from decoctl.resolve import parse_processor_chain
+from decoctl.rows import Rows
+from decoctl.specs import ControllerSpec, normalise_name
+
+__all__ = [
+    "Delta",
+    "Engine",
+    "EngineClosedError",
+    "EngineRequest",
+    "Failed",
+    "Finished",
+    "Handle",
+    "QueueFullError",
+    "TokenLogprob",
+]
+
+log = get_logger(__name__)
+
+#: how many distinct (controller, options, processors) choices keep their checked plan
+PLANS_KEPT = 64
+#: Output.stop_reason -> OpenAI's finish_reason
+FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length", "max_length": "length"}
+
+
+class QueueFullError(DecoctlError):
+    """The engine's queue holds ``max_queue`` requests: try again later (HTTP 429)."""
+
+
+class EngineClosedError(DecoctlError):
+    """The engine is shutting down and takes no new requests (HTTP 503)."""
+
+
+@attrs.frozen(kw_only=True)
+class EngineRequest:
+    """One request: its prompt's token ids, limits, seed, how many completions (``n``), and decoctl's choices: an
+    installed controller by name with its options, and a logits chain of registered processors. ``logprobs``: give
+    each token's log-probability and this many alternatives (0: the token's only); None: none."""
+
+    ids: tuple[int, ...] = attrs.field(converter=tuple)
+    max_new_tokens: int
+    stop: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    seed: int | None = None
+    n: int = 1
+    controller: str = "greedy"
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+    #: a chain string ("top_k=40,temperature=0.8") or a list of tables ({"name": "grammar", "json_schema": ...})
+    processors: str | list[dict[str, Any]] | None = None
+    logprobs: int | None = None
+
+
+@attrs.frozen
+class TokenLogprob:
+    """A committed token's log-probability under the target's raw logits, and the ``top`` alternatives."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class Delta:
+    """What completion ``index`` committed in one engine step: ``tokens`` (the first ``drafted`` of them drafted
+    and accepted by the target's verification, the rest the target's own), the ``text`` they finished (text a stop
+    string may still claim is held back) and, where asked, their log-probabilities."""
+
+    index: int
+    text: str
+    tokens: tuple[int, ...]
+    drafted: int = 0
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Finished:
+    """Completion ``index`` ended: ``finish_reason`` "stop" or "length" (OpenAI's), or "cancelled"; its whole
+    text and tokens; ``target_forwards`` the target's forwards after its prefill."""
+
+    index: int
+    finish_reason: str
+    stop_reason: str | None
+    text: str
+    tokens: tuple[int, ...]
+    prompt_tokens: int
+    target_forwards: int
+    drafted: int
+    seconds: float
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        return len(self.tokens) / self.target_forwards if self.target_forwards else float(len(self.tokens))
+
+
+@attrs.frozen(kw_only=True)
+class Failed:
+    """The request failed inside the engine (a controller error): ``message`` says why; its other completions end
+    too."""
+
+    message: str
+
+
+Event = Delta | Finished | Failed
+
+
+class Handle:
+    """A submitted request: ``cancel()`` ends its completions at the next step and frees their rows."""
+
+    def __init__(self, request: EngineRequest, on_event: Callable[[Event], None], plan: _Plan) -> None:
+        self.request = request
+        self.plan = plan
+        self._on_event = on_event
+        self._cancelled = threading.Event()
+        self.submitted = time.perf_counter()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def _emit(self, event: Event) -> None:
+        try:
+            self._on_event(event)
+        except Exception as exc:  # a listener's failure must not stop the engine: that request is cancelled
+            log.warning("decoctl.serve.listener_failed", error=f"{type(exc).__name__}: {exc}")
+            self.cancel()
+
+
+@attrs.frozen(kw_only=True)
+class _Plan:
+    """A checked choice of controller, options and processors."""
+
+    spec: ControllerSpec
+    options: Mapping[str, Any]
+    processors: str | list[dict[str, Any]] | None
+    roles: tuple[str, ...]
+    #: the controller steps one row among many (its rows step together in one Run); else it steps its row alone
+    batched: bool
+
+
+@attrs.define(eq=False)
+class _Slot:
+    """One completion while it runs on a row."""
+
+    handle: Handle
+    index: int
+    row: int
+    host: Host
+    controller: Any
+    batched: bool
+    roles: dict[str, Sequence]
+    started: float
+    #: (tokens, text) the output's sink received since the last event
+    committed: list[tuple[list[int], str]] = attrs.field(factory=list)
+    logprobs: list[TokenLogprob] = attrs.field(factory=list)
+    drafted_now: int = 0
+    drafted: int = 0
+    forwards_at_decode: int = 0
+
+
+class Engine:
+    """One thread that owns the models and runs every request's completions as rows (see the module docstring).
+
+    :param models: role -> LoadedModel; "target" at least (a decoder-only model). Requests may use these roles only.
+    :param registry: where controllers and processors are looked up by name (default: entry points autoloaded).
+    :param max_rows: rows of the target's KV buffer: completions that run at once.
+    :param max_queue: requests that may wait for rows; one more is refused with QueueFullError.
+    :param max_length: positions of each row (default: the model's).
+    :param prefill_chunk: feed prompts in chunks of this many tokens.
+    """
+
+    def __init__(
+        self,
+        models: Mapping[str, LoadedModel],
+        *,
+        registry: PluginRegistry | None = None,
+        max_rows: int = 8,
+        max_queue: int = 64,
+        max_length: int | None = None,
+        prefill_chunk: int | None = None,
+        debug: bool | None = None,
+    ) -> None:
+        if "target" not in models:
+            raise ConfigError("the engine needs a 'target' model")
+        target = models["target"]
+        if target.encoder is not None:
+            raise ConfigError(
+                f"model {target.name} is an encoder-decoder model: decoctl serve runs decoder-only models "
+                "(use decoctl generate for it)"
+            )
+        if max_rows < 1 or max_queue < 0:
+            raise ConfigError(f"max_rows={max_rows} must be at least 1 and max_queue={max_queue} at least 0")
+        self.models = dict(models)
+        self.registry = registry or PluginRegistry()
+        self.max_rows = max_rows
+        self.max_queue = max_queue
+        self.prefill_chunk = prefill_chunk
+        self._debug = debug
+        self.rows = Rows("target", target, capacity=max_rows, max_length=max_length, debug=debug)
+        for _ in range(max_rows - 1):
+            self.rows.fork(0)  # every row live from the start, empty; the engine keeps its own free list
+        self.max_length = self.rows[0].max_length
+        self._free = list(range(max_rows))
+        self._slots: dict[int, _Slot] = {}
+        self._spare: dict[str, list[Sequence]] = collections.defaultdict(list)
+        self._queue: collections.deque[Handle] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._plans: collections.OrderedDict[tuple[str, str, str], _Plan] = collections.OrderedDict()
+        self._plans_lock = threading.Lock()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        #: counters for /metrics and /health (read from any thread)
+        self.steps = 0
+        self.batched_runs = 0
+        self.completions = 0
+        self.cancelled = 0
+
+    # -- the caller's side (any thread) ------------------------------------------------------------------------
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def live_rows(self) -> int:
+        return self.max_rows - len(self._free)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def check(self, request: EngineRequest) -> _Plan:
+        """The request's checked plan; ConfigError naming what it asks for that this engine cannot give."""
+        if not request.ids:
+            raise ConfigError("the prompt is empty and the model adds no BOS token: give some prompt text")
+        if len(request.ids) >= self.max_length:
+            raise ConfigError(
+                f"the prompt has {len(request.ids)} tokens but the model's context holds {self.max_length} "
+                f"positions, prompt and completion together: shorten the prompt to under {self.max_length} tokens"
+            )
+        if request.max_new_tokens < 1:
+            raise ConfigError(f"max_tokens={request.max_new_tokens} must be at least 1")
+        if not 1 <= request.n <= self.max_rows:
+            raise ConfigError(f"n={request.n} must be from 1 to {self.max_rows} (the server's --max-rows)")
+        vocab = self.models["target"].spec.vocab_size
+        if any(not 0 <= t < vocab for t in request.ids):
+            raise ConfigError(f"the prompt holds token ids outside the vocabulary 0..{vocab - 1}")
+        plan = self._plan(request.controller, request.options, request.processors)
+        if request.logprobs is not None and not plan.batched:
+            raise ConfigError(
+                f"logprobs: controller {plan.spec.name!r} commits tokens from its own verification, which gives no "
+                "per-token log-probabilities here; use greedy or sample (the default) for logprobs"
+            )
+        return plan
+
+    def submit(self, request: EngineRequest, on_event: Callable[[Event], None]) -> Handle:
+        """Queue ``request``; ``on_event`` receives its Delta, Finished (one per completion) or Failed events from
+        the engine thread. ConfigError for a request it cannot run, QueueFullError when ``max_queue`` wait already,
+        EngineClosedError while shutting down."""
+        handle = Handle(request, on_event, self.check(request))
+        with self._wake:
+            if self._closing:
+                raise EngineClosedError("the server is shutting down: send the request to another replica")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFullError(
+                    f"{len(self._queue)} requests are waiting for rows (--max-queue {self.max_queue}): retry later"
+                )
+            self._queue.append(handle)
+            self._wake.notify()
+        return handle
+
+    def start(self) -> None:
+        """Start the engine thread (once)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="decoctl-engine", daemon=True)
+            self._thread.start()
+
+    def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop taking requests; with ``drain`` let the live and queued ones finish first (else cancel them); wait
+        for the engine thread."""
+        with self._wake:
+            self._closing = True
+            if not drain:
+                for handle in self._queue:
+                    handle.cancel()
+                for slot in self._slots.values():
+                    slot.handle.cancel()
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- plans ---------------------------------------------------------------------------------------------------
+    def _plan(
+        self, controller: str, options: Mapping[str, Any], processors: str | list[dict[str, Any]] | None
+    ) -> _Plan:
+        key = (
+            normalise_name(controller),
+            json.dumps(dict(options), sort_keys=True, default=str),
+            json.dumps(processors, sort_keys=True, default=str),
+        )
+        with self._plans_lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+                return plan
+        plan = self._make_plan(controller, options, processors)
+        with self._plans_lock:
+            self._plans[key] = plan
+            while len(self._plans) > PLANS_KEPT:
+                self._plans.popitem(last=False)
+        return plan
+
+    def _make_plan(
+        self, controller: str, options: Mapping[str, Any], processors: str | list[dict[str, Any]] | None
+    ) -> _Plan:
+        installed = self.registry.controllers()
+        spec = installed.get(normalise_name(controller))
+        if spec is None:
+            raise ConfigError(
+                f"unknown controller {controller!r}: a request chooses among the installed controllers "
+                f"({', '.join(sorted(installed))}), never a path or a library"
+            )
+        # the Generator checks options, roles' capabilities and the chain exactly as decoctl generate does; it is
+        # given loaded models only, so a request never makes the server load one
+        from decoctl.specs import parse_options
+
+        parsed = parse_options(f"controller {spec.name!r}", spec.options, options)
+        roles = spec.active_roles(parsed)
+        missing = [r for r in roles if r not in self.models]
+        if missing:
+            raise ConfigError(
+                f"controller {spec.name!r} with these options needs the role(s) {missing}, which this server was not "
+                f"started with (decoctl serve {role_flag(missing[0])}); its roles: {sorted(self.models)}"
+            )
+        checked = Generator(
+            {r: self.models[r] for r in roles},
+            spec.name,
+            options=options,
+            processors=processors,
+            registry=self.registry,
+            debug=self._debug,
+        )
+        if checked.spec.rows(checked.options) > 1:
+            raise ConfigError(
+                f"controller {spec.name!r} with these options holds {checked.spec.rows(checked.options)} rows per "
+                "request (parallel samples or beams): ask for several completions with the request's n instead"
+            )
+        batched = checked.spec.batched and roles == ("target",)
+        return _Plan(
+            spec=checked.spec, options=checked.options, processors=processors, roles=tuple(roles), batched=batched
+        )
+
+    # -- the engine thread -----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._slots and not self._queue and not self._closing:
+                    self._wake.wait()
+                if self._closing and not self._slots and not self._queue:
+                    return
+            try:
+                self._iteration()
+            except Exception as exc:  # a failure outside one completion's step: fail every live request
+                self._fail_all(exc)
+
+    def _iteration(self) -> None:
+        for slot in list(self._slots.values()):
+            if slot.handle.cancelled:
+                self._end(slot, "cancelled")
+        self._admit()
+        stepped: list[int] = []
+        tokens: list[int] = []
+        for row, slot in list(self._slots.items()):
+            if self._slots.get(row) is not slot:  # ended with another completion of its request
+                continue
+            try:
+                token = self._advance(slot)
+            except Exception as exc:
+                self._fail_request(slot.handle, exc)
+                continue
+            if slot.host.done:
+                self._finish(slot)
+            elif token is not None:
+                stepped.append(row)
+                tokens.append(token)
+        if stepped:
+            self.rows.step(tokens, rows=stepped)
+            self.batched_runs += 1
+        self.steps += 1
+        for slot in list(self._slots.values()):
+            self._flush(slot)
+
+    def _advance(self, slot: _Slot) -> int | None:
+        """One step of a completion: the token to feed in the batched Run (a batched controller's), or None (a
+        controller that stepped its row itself)."""
+        host = slot.host
+        if slot.batched:
+            token = int(slot.controller.next_token(host))
+            if slot.handle.request.logprobs is not None:
+                slot.logprobs.append(_logprob(host.target.logits()[-1], token, slot.handle.request.logprobs))
+            host.commit((token,))
+            return token
+        target = host.target
+        before, forwards = len(host.output_tokens), target.stats.forwards
+        slot.controller.step(host)
+        committed = len(host.output_tokens) - before
+        if committed == 0 and not host.done:
+            raise ControllerError(
+                f"controller {slot.handle.plan.spec.name!r} made a step that committed no token and did not finish"
+            )
+        # a verify forward commits the drafts it accepted and then the target's own token
+        drafted = max(0, committed - max(1, target.stats.forwards - forwards))
+        slot.drafted_now += drafted
+        slot.drafted += drafted
+        return None
+
+    def _admit(self) -> None:
+        while True:
+            with self._wake:
+                if not self._queue or len(self._free) < self._queue[0].request.n:
+                    return
+                handle = self._queue.popleft()
+            if handle.cancelled:
+                continue
+            started: list[_Slot] = []
+            try:
+                for index in range(handle.request.n):
+                    started.append(self._start(handle, index))
+            except Exception as exc:
+                for slot in started:
+                    self._release(slot)
+                self._fail_request(handle, exc, live=False)
+                continue
+            for slot in started:
+                self._slots[slot.row] = slot
+                self._flush(slot)
+
+    def _start(self, handle: Handle, index: int) -> _Slot:
+        """Prefill completion ``index`` of ``handle`` into a free row and start its controller."""
+        request, plan = handle.request, handle.plan
+        row = self._free.pop(0)
+        target = self.rows[row]
+        target.rewind(0)
+        target.stats = SequenceStats()
+        roles: dict[str, Sequence] = {"target": target}
+        for role in plan.roles:
+            if role != "target":
+                roles[role] = self._sequence(role)
+        model = self.models["target"]
+        ids = np.asarray(request.ids, np.int64)
+        rules = StopRules(
+            eos_token_ids=model.spec.eos_token_ids,
+            max_new_tokens=request.max_new_tokens,
+            stop_strings=request.stop,
+            capacity=target.max_length - len(ids),
+        )
+        chain = parse_processor_chain(plan.processors, self.registry)
+        chain.reset(ids)
+        slot: _Slot | None = None
+
+        def sink(tokens: list[int], text: str) -> None:
+            assert slot is not None
+            slot.committed.append((tokens, text))
+
+        output = Output(rules, model.tokenizer.detokenizer(), sink)
+        host = Host(roles, output, prompt=ids, chain=chain, seed=request.seed)
+        if index > 0:  # completion i draws from the i-th spawned stream, as sample's n does
+            host.rng = np.random.default_rng(request.seed).spawn(request.n - 1)[index - 1]
+        host.prefill_chunk = self.prefill_chunk
+        factory = plan.spec.factory
+        if factory is None:
+            from decoctl import abi  # a shared-library controller the operator installed
+
+            factory = abi.library_factory(plan.spec)
+        controller = factory(dict(plan.options))
+        batched = plan.batched and isinstance(controller, RowController)
+        slot = _Slot(
+            handle=handle,
+            index=index,
+            row=row,
+            host=host,
+            controller=controller,
+            batched=batched,
+            roles=roles,
+            started=time.perf_counter(),
+        )
+        try:
+            target.prefill(ids, self.prefill_chunk)
+            controller.start(host)
+        except BaseException:
+            self._release(slot)
+            raise
+        slot.forwards_at_decode = target.stats.forwards
+        return slot
+
+    def _sequence(self, role: str) -> Sequence:
+        spare = self._spare[role]
+        if spare:
+            sequence = spare.pop()
+        else:
+            sequence = Sequence(role, self.models[role], max_length=self.max_length, debug=self._debug)
+        sequence.rewind(0)
+        sequence.stats = SequenceStats()
+        return sequence
+
+    def _release(self, slot: _Slot) -> None:
+        """Give the slot's row and sequences back (the row emptied, so a batched step passes over it cheaply)."""
+        self._slots.pop(slot.row, None)
+        if slot.row not in self._free:
+            self.rows[slot.row].rewind(0)
+            self._free.append(slot.row)
+            self._free.sort()
+        for role, sequence in slot.roles.items():
+            if role != "target":
+                self._spare[role].append(sequence)
+        slot.roles = {}
+
+    def _flush(self, slot: _Slot) -> None:
+        if not slot.committed:
+            return
+        tokens = [t for chunk, _ in slot.committed for t in chunk]
+        text = "".join(piece for _, piece in slot.committed)
+        logprobs = tuple(slot.logprobs) if slot.handle.request.logprobs is not None else None
+        drafted = min(slot.drafted_now, len(tokens))
+        slot.committed, slot.logprobs, slot.drafted_now = [], [], 0
+        slot.handle._emit(Delta(index=slot.index, text=text, tokens=tuple(tokens), drafted=drafted, logprobs=logprobs))
+
+    def _finish(self, slot: _Slot) -> None:
+        self._flush(slot)
+        self._end(slot, None)
+
+    def _end(self, slot: _Slot, cancelled: str | None) -> None:
+        host = slot.host
+        output_tokens = tuple(int(t) for t in host.output_tokens)
+        stop_reason = cancelled or _stop_reason(host)
+        forwards = host.target.stats.forwards - slot.forwards_at_decode
+        text = _text(host)
+        self._release(slot)
+        self.completions += 1
+        self.cancelled += cancelled is not None
+        slot.handle._emit(
+            Finished(
+                index=slot.index,
+                finish_reason=cancelled or FINISH_REASONS.get(stop_reason or "", "stop"),
+                stop_reason=stop_reason,
+                text=text,
+                tokens=output_tokens,
+                prompt_tokens=len(slot.handle.request.ids),
+                target_forwards=forwards,
+                drafted=slot.drafted,
+                seconds=time.perf_counter() - slot.started,
+            )
+        )
+
+    def _fail_request(self, handle: Handle, exc: BaseException, *, live: bool = True) -> None:
+        """End every completion of ``handle`` and tell it why (the message only: never a traceback)."""
+        for slot in [s for s in self._slots.values() if s.handle is handle]:
+            self._release(slot)
+        if isinstance(exc, DecoctlError):
+            message = str(exc)
+        else:
+            message = f"controller {handle.plan.spec.name!r} failed ({type(exc).__name__}: {exc})"
+        log.warning("decoctl.serve.request_failed", error=message)
+        handle._emit(Failed(message=message))
+
+    def _fail_all(self, exc: Exception) -> None:
+        log.warning("decoctl.serve.step_failed", error=f"{type(exc).__name__}: {exc}")
+        for handle in {id(s.handle): s.handle for s in self._slots.values()}.values():
+            self._fail_request(handle, exc)
+        # a batched step may have stopped half-way: the rows start again empty
+        self._slots.clear()
+        for row in range(self.max_rows):
+            self.rows[row].rewind(0)
+        self._free = list(range(self.max_rows))
+
+
+def _stop_reason(host: Host) -> str | None:
+    reason: str | None = host.completions()[0][0].stop_reason
+    return reason
+
+
+def _text(host: Host) -> str:
+    text: str = host.completions()[0][0].text
+    return text
+
+
+def _logprob(row: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """``token``'s log-probability under softmax(row) and the ``top`` most probable tokens' (row: float32[vocab])."""
+    values = np.asarray(row, np.float64)
+    shifted = values - values.max()
+    logprobs = shifted - np.log(np.exp(shifted).sum())
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        picked = np.argpartition(-logprobs, min(top, len(logprobs) - 1))[:top]
+        picked = picked[np.argsort(-logprobs[picked], kind="stable")]
+        best = tuple((int(t), float(logprobs[t])) for t in picked)
+    return TokenLogprob(token=token, logprob=float(logprobs[token]), top=best)

@@ -1,0 +1,69 @@
+"""The server's Prometheus metrics, in a registry of its own (never prometheus_client's process-wide one)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from decoctl.serve.engine import Engine
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+
+class Metrics:
+    """Requests by endpoint and status, the queue and the rows, tokens by controller, time to first token, request
+    seconds and tokens per target forward by controller."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "decoctl_requests", "HTTP requests by endpoint and status", ("endpoint", "status"), registry=self.registry
+        )
+        queue = Gauge("decoctl_queue_requests", "requests waiting for rows", registry=self.registry)
+        queue.set_function(lambda: engine.queued)
+        rows = Gauge("decoctl_rows_live", "rows running a completion", registry=self.registry)
+        rows.set_function(lambda: engine.live_rows)
+        capacity = Gauge("decoctl_rows_max", "rows of the KV buffer (--max-rows)", registry=self.registry)
+        capacity.set(engine.max_rows)
+        steps = Gauge("decoctl_engine_steps", "engine steps since start", registry=self.registry)
+        steps.set_function(lambda: engine.steps)
+        ended = Gauge("decoctl_completions_ended", "completions ended since start", registry=self.registry)
+        ended.set_function(lambda: engine.completions)
+        cancelled = Gauge(
+            "decoctl_completions_cancelled", "completions ended because their client left", registry=self.registry
+        )
+        cancelled.set_function(lambda: engine.cancelled)
+        self.prompt_tokens = Counter(
+            "decoctl_prompt_tokens", "prompt tokens of admitted requests", ("controller",), registry=self.registry
+        )
+        self.generated_tokens = Counter(
+            "decoctl_generated_tokens", "tokens generated, by controller", ("controller",), registry=self.registry
+        )
+        self.drafted_tokens = Counter(
+            "decoctl_drafted_tokens",
+            "generated tokens that were drafted and accepted, by controller",
+            ("controller",),
+            registry=self.registry,
+        )
+        self.first_token = Histogram(
+            "decoctl_time_to_first_token_seconds",
+            "from the request's arrival to its first token",
+            registry=self.registry,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+        )
+        self.request_seconds = Histogram(
+            "decoctl_request_seconds",
+            "from the request's arrival to its last token",
+            registry=self.registry,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+        )
+        self.tokens_per_forward = Histogram(
+            "decoctl_tokens_per_target_forward",
+            "each completion's tokens over its target forwards, by controller",
+            ("controller",),
+            registry=self.registry,
+            buckets=(1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0),
+        )
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,181 @@
+"""OpenAI's request shapes as decoctl takes them, validated at the edge (pydantic), and its error shape.
+
+Every field OpenAI defines that decoctl supports is here; any other field is refused with a 400 naming it
+(``extra="forbid"``), never ignored. decoctl's own choices travel in one extension object, ``"decoctl"``:
+``{"controller": "speculative", "options": {"drafter": "prompt-lookup"}, "processors": "dry=0.8"}``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ChatMessage",
+    "ChatRequest",
+    "CompletionRequest",
+    "DecoctlChoice",
+    "ResponseFormat",
+    "StreamOptions",
+    "error_body",
+    "validation_message",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DecoctlChoice(_Strict):
+    """decoctl's extension: an installed controller by name, its options, a chain of registered processors."""
+
+    controller: str | None = None
+    options: dict[str, Annotated[Any, Field()]] = Field(default_factory=dict)
+    processors: str | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class JsonSchema(_Strict):
+    name: str
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+Stop = str | Annotated[list[str], Field(max_length=4)] | None
+
+
+class _Sampling(_Strict):
+    model: str
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    n: Annotated[int, Field(ge=1, le=128)] = 1
+    stop: Stop = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    #: OpenAI's end-user id: it changes nothing in the output (as at OpenAI)
+    user: str | None = None
+    decoctl: DecoctlChoice | None = None
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: Literal[False] = False
+    best_of: Literal[1] | None = None
+    suffix: None = None
+
+
+class ChatRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    response_format: ResponseFormat | None = None
+
+    def chat(self) -> list[dict[str, Any]]:
+        """The messages as a chat template takes them: a list of text parts joined into one string."""
+        messages = []
+        for message in self.messages:
+            content = message.content
+            if isinstance(content, list):
+                content = "\n".join(part.text for part in content)
+            item: dict[str, Any] = {"role": message.role, "content": content}
+            if message.name is not None:
+                item["name"] = message.name
+            messages.append(item)
+        return messages
+
+
+#: the fields OpenAI defines that decoctl does not support, and why (a 400 names them with the reason)
+UNSUPPORTED = {
+    "tools": "tool calling is not supported",
+    "tool_choice": "tool calling is not supported",
+    "functions": "function calling is not supported",
+    "function_call": "function calling is not supported",
+    "parallel_tool_calls": "tool calling is not supported",
+    "audio": "audio is not supported",
+    "modalities": "only text is supported",
+    "prediction": "predicted outputs are not supported (decoctl's prompt lookup drafts from the prompt: "
+    '"decoctl": {"controller": "speculative", "options": {"drafter": "prompt-lookup"}})',
+    "echo": "echo=true is not supported",
+    "best_of": "best_of > 1 is not supported: use n",
+    "suffix": "suffix (insertion) is not supported",
+    "service_tier": "service tiers are not supported",
+    "store": "stored completions are not supported",
+    "metadata": "stored completions are not supported",
+    "reasoning_effort": "reasoning effort is not supported",
+    "web_search_options": "web search is not supported",
+    "logprobs": "logprobs are not supported here",
+}
+
+
+def validation_message(error: pydantic.ValidationError) -> tuple[str, str | None]:
+    """One message naming the first invalid or unsupported field of a request, and that field (OpenAI's
+    ``param``)."""
+    first = error.errors()[0]
+    # a union's member types appear in the location (("stop", "str")): keep the field names and list indices
+    location = [str(part) for part in first["loc"] if not _is_type_name(part)]
+    param = ".".join(location) or None
+    kind = first["type"]
+    field = location[-1] if location else ""
+    if kind == "extra_forbidden":
+        why = UNSUPPORTED.get(field) if len(location) == 1 else None
+        if why:
+            return f"unsupported field {param!r}: {why}", param
+        return f'unknown field {param!r}: decoctl does not support it (decoctl\'s own choices go in "decoctl")', param
+    if kind == "missing":
+        return f"missing required field {param!r}", param
+    if location and location[0] in UNSUPPORTED and kind in ("literal_error", "none_required"):
+        return f"unsupported value for {param!r}: {UNSUPPORTED[location[0]]}", param
+    return f"invalid value for {param!r}: {first['msg']}", param
+
+
+def _is_type_name(part: object) -> bool:
+    return isinstance(part, str) and (part in _TYPE_NAMES or "[" in part or "-" in part)
+
+
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}
+
+
+def error_body(
+    message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

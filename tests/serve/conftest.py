@@ -1,0 +1,87 @@
+"""A live decoctl server on 127.0.0.1 (a free port) over a tiny model, and the official openai client."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+
+from decoctl import load_model
+from decoctl.plugins import PluginRegistry
+from decoctl.testing import build_genai_model
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+logits_chain = pytest.importorskip("decoctl_logits_chain.plugin")
+speculative = pytest.importorskip("decoctl_speculative.plugin")
+
+API_KEY = "test-key"
+MODEL = "tiny"
+#: a chat template in the ChatML style, BOS first
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@attrs.frozen
+class Live:
+    url: str
+    folder: Path
+    registry: PluginRegistry
+    engine: object
+
+
+def plugin_registry() -> PluginRegistry:
+    """The built-ins, the logits chain (OpenAI's samplers, grammars) and speculative decoding: no autoload."""
+    registry = PluginRegistry(autoload=False)
+    registry.register(logits_chain, "logits-chain")
+    registry.register(speculative, "speculative")
+    return registry
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = build_genai_model(tmp_path_factory.mktemp("serve-model"), seed=3, max_length=1024)
+    (folder / "chat_template.jinja").write_text(TEMPLATE, encoding="utf-8")
+    return folder
+
+
+def start_server(app: object) -> tuple[str, threading.Thread, object]:
+    """Serve ``app`` with uvicorn in a thread on a socket bound here first, so clients may connect at once (the
+    kernel queues them until the server accepts)."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{port}", thread, server
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model: Path) -> Iterator[Live]:
+    from decoctl.chat_template import ChatTemplate
+    from decoctl.serve.app import create_app
+    from decoctl.serve.engine import Engine
+
+    registry = plugin_registry()
+    engine = Engine({"target": load_model(tiny_model, name=MODEL)}, registry=registry, max_rows=4, max_queue=256)
+    app = create_app(engine, model_name=MODEL, chat_template=ChatTemplate.from_folder(tiny_model), api_key=API_KEY)
+    url, thread, server = start_server(app)
+    yield Live(url=url, folder=tiny_model, registry=registry, engine=engine)
+    server.should_exit = True  # type: ignore[attr-defined]
+    thread.join()
+
+
+@pytest.fixture
+def client(live: Live) -> object:
+    return openai.OpenAI(base_url=f"{live.url}/v1", api_key=API_KEY, max_retries=0)
