@@ -6,6 +6,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -52,7 +53,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def start_server(app: object) -> tuple[str, threading.Thread, object]:
+def start_server(app: object, config: object | None = None) -> tuple[str, threading.Thread, Any]:
     """Serve ``app`` with uvicorn in a thread on a socket bound here first, so clients may connect at once (the
     kernel queues them until the server accepts)."""
     import uvicorn
@@ -61,7 +62,7 @@ def start_server(app: object) -> tuple[str, threading.Thread, object]:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
+    server = uvicorn.Server(config or uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     return f"http://127.0.0.1:{port}", thread, server
@@ -78,7 +79,7 @@ def live(tiny_model: Path) -> Iterator[Live]:
     app = create_app(engine, model_name=MODEL, chat_template=ChatTemplate.from_folder(tiny_model), api_key=API_KEY)
     url, thread, server = start_server(app)
     yield Live(url=url, folder=tiny_model, registry=registry, engine=engine)
-    server.should_exit = True  # type: ignore[attr-defined]
+    server.should_exit = True
     thread.join()
 
 

@@ -1,0 +1,169 @@
+"""Bad requests get a clear 4xx in OpenAI's error shape, never a traceback, and leave no row behind."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from decoctl import load_model
+
+from .conftest import API_KEY, MODEL, Live, openai, plugin_registry, start_server
+
+
+def post(url: str, body: bytes | dict[str, Any], key: str | None = API_KEY) -> tuple[int, dict[str, Any], Any]:
+    """(status, JSON body, headers) of a POST."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    if key is not None:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request) as response:
+            return response.status, json.loads(response.read()), response.headers
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read()), error.headers
+
+
+def refused(live: Live, body: bytes | dict[str, Any], path: str = "/v1/completions", **kwargs: Any) -> tuple[int, str]:
+    status, answer, _ = post(live.url + path, body, **kwargs)
+    error = answer["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "Traceback" not in error["message"]
+    return status, error["message"]
+
+
+def completion(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": "def f(x):", "max_tokens": 4, **fields}
+
+
+def test_malformed_json_is_a_400(live: Live) -> None:
+    status, message = refused(live, b'{"model": "tiny", "prompt": ')
+    assert status == 400 and "not valid JSON" in message
+
+
+def test_a_body_that_is_not_an_object_is_a_400(live: Live) -> None:
+    assert refused(live, b"[1, 2]")[0] == 400
+
+
+def test_an_unknown_field_is_a_400_naming_it(live: Live) -> None:
+    status, message = refused(live, completion(frequency=0.5))
+    assert status == 400 and "'frequency'" in message
+
+
+def test_an_unsupported_openai_field_is_a_400_naming_it_and_why(live: Live) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": []}
+    status, message = refused(live, body, "/v1/chat/completions")
+    assert status == 400 and "'tools'" in message and "not supported" in message
+
+
+def test_an_unknown_field_inside_the_extension_is_a_400_naming_it(live: Live) -> None:
+    status, message = refused(live, completion(decoctl={"controller": "greedy", "plugin": "x"}))
+    assert status == 400 and "'decoctl.plugin'" in message
+
+
+def test_an_invalid_value_is_a_400_naming_the_field(live: Live) -> None:
+    status, message = refused(live, completion(temperature=3))
+    assert status == 400 and "'temperature'" in message
+
+
+def test_an_oversized_prompt_is_a_400_naming_both_lengths(live: Live) -> None:
+    status, message = refused(live, completion(prompt=[5] * 2000))
+    assert status == 400 and "2000 tokens" in message and "1024 positions" in message
+
+
+def test_an_unknown_controller_is_a_400_listing_the_installed_ones(live: Live) -> None:
+    status, message = refused(live, completion(decoctl={"controller": "turbo"}))
+    assert status == 400 and "'turbo'" in message and "greedy" in message
+
+
+@pytest.mark.parametrize("reference", ["controller.py:Mine", "os:system", "/tmp/libmine.so", "libmine.so:fast"])
+def test_a_controller_path_or_library_is_a_400_and_loads_nothing(live: Live, reference: str) -> None:
+    status, message = refused(live, completion(decoctl={"controller": reference}))
+    assert status == 400 and "never a path or a library" in message
+
+
+def test_an_unknown_processor_is_a_400(live: Live) -> None:
+    status, message = refused(live, completion(decoctl={"processors": "warp_speed=9"}))
+    assert status == 400 and "warp_speed" in message
+
+
+def test_a_controller_needing_an_unloaded_role_is_a_400_naming_it(live: Live) -> None:
+    status, message = refused(live, completion(decoctl={"controller": "speculative"}))
+    assert status == 400 and "'draft'" in message and "--draft" in message
+
+
+def test_a_wrong_api_key_is_a_401(live: Live) -> None:
+    status, message = refused(live, completion(), key="wrong")
+    assert status == 401 and "API key" in message
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{live.url}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_a_missing_api_key_is_a_401(live: Live) -> None:
+    assert refused(live, completion(), key=None)[0] == 401
+
+
+def test_another_model_is_a_404(live: Live) -> None:
+    status, message = refused(live, completion(model="gpt-4"))
+    assert status == 404 and "'gpt-4'" in message
+
+
+def test_a_chat_the_template_refuses_is_a_400(live: Live) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
+    assert refused(live, body, "/v1/chat/completions")[0] == 400
+
+
+def test_an_unknown_route_is_a_404_in_openais_shape(live: Live) -> None:
+    assert refused(live, completion(), "/v1/embeddings")[0] == 404
+
+
+def test_health_and_metrics_answer(live: Live) -> None:
+    with urllib.request.urlopen(live.url + "/health") as response:
+        assert json.loads(response.read())["status"] == "ok"
+    with urllib.request.urlopen(live.url + "/metrics") as response:
+        text = response.read().decode()
+    assert "decoctl_rows_live" in text and "decoctl_requests_total" in text
+
+
+def test_a_client_leaving_mid_stream_frees_its_row(live: Live, client: Any) -> None:
+    engine: Any = live.engine
+    cancelled = engine.cancelled
+    stream = client.completions.create(model=MODEL, prompt="def f(x):", max_tokens=1000, temperature=0, stream=True)
+    next(iter(stream))  # the completion runs
+    stream.close()
+    # a request for every row is admitted only once the left completion's row is free
+    answer = client.completions.create(model=MODEL, prompt="x", max_tokens=1, n=engine.max_rows, temperature=0)
+    assert len(answer.choices) == engine.max_rows
+    assert engine.cancelled == cancelled + 1
+    assert engine.live_rows == 0
+
+
+@pytest.fixture
+def stalled(tiny_model: Path) -> Iterator[tuple[str, Any]]:
+    """A server whose engine never starts (lifespan off), so its queue of one is full after one request."""
+    import uvicorn
+
+    from decoctl.serve.app import create_app
+    from decoctl.serve.engine import Engine
+
+    engine = Engine({"target": load_model(tiny_model, name=MODEL)}, registry=plugin_registry(), max_rows=1, max_queue=1)
+    app = create_app(engine, model_name=MODEL, api_key=API_KEY)
+    url, thread, server = start_server(app, config=uvicorn.Config(app, lifespan="off", log_level="warning"))
+    yield url, engine
+    server.should_exit = True
+    thread.join()
+
+
+def test_a_full_queue_is_a_429_with_retry_after(stalled: tuple[str, Any]) -> None:
+    from decoctl.serve.engine import EngineRequest
+
+    url, engine = stalled
+    engine.submit(EngineRequest(ids=(5, 6), max_new_tokens=1), lambda event: None)
+    status, answer, headers = post(url + "/v1/completions", completion())
+    assert status == 429 and int(headers["Retry-After"]) >= 1
+    assert "--max-queue 1" in answer["error"]["message"]
