@@ -1,0 +1,150 @@
+"""The engine under the server: rows admitted and released between steps, one Run for every one-token row, drafting
+rows verifying alone, a failing controller failing its own request only, and shutdown draining."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from decoctl import ControllerSpec, Generator, hookimpl, load_model
+from decoctl.serve.engine import Delta, Engine, EngineClosedError, EngineRequest, Failed, Finished
+
+from .conftest import plugin_registry
+
+
+class Broken:
+    """Greedy for two steps, then a bug."""
+
+    def __init__(self, options: Any) -> None:
+        self.steps = 0
+
+    def start(self, host: Any) -> None:
+        pass
+
+    def step(self, host: Any) -> None:
+        self.steps += 1
+        if self.steps > 2:
+            raise ZeroDivisionError("the controller's bug")
+        token = int(host.argmax(host.target.logits()[-1:])[0])
+        host.commit((token,))
+        host.target.forward((token,))
+
+
+class BrokenPlugin:
+    @hookimpl
+    def decoctl_controllers(self) -> list[ControllerSpec]:
+        return [ControllerSpec(name="broken", summary="fails on its third step", factory=Broken)]
+
+
+@pytest.fixture
+def engine(tiny_model: Path) -> Iterator[Engine]:
+    registry = plugin_registry()
+    registry.register(BrokenPlugin(), "broken")
+    made = Engine({"target": load_model(tiny_model)}, registry=registry, max_rows=4, max_queue=32)
+    yield made
+    made.close(drain=False)
+
+
+def ids(engine: Engine, text: str) -> tuple[int, ...]:
+    return tuple(engine.models["target"].tokenizer.encode(text))
+
+
+def collect(events: queue.Queue[Any], count: int) -> list[Any]:
+    """Events until ``count`` completions finished or failed."""
+    seen, ended = [], 0
+    while ended < count:
+        event = events.get(timeout=120)
+        seen.append(event)
+        ended += isinstance(event, Finished | Failed)
+    return seen
+
+
+def test_one_token_rows_step_together_in_one_run(engine: Engine) -> None:
+    prompts = ["def f(x):", "import os", "class A:", "x = 1"]
+    inbox: list[queue.Queue[Any]] = []
+    for prompt in prompts:  # queued before the engine starts: all four are admitted in its first step
+        inbox.append(queue.Queue())
+        engine.submit(EngineRequest(ids=ids(engine, prompt), max_new_tokens=10), inbox[-1].put)
+    engine.start()
+    finished = [next(e for e in collect(q, 1) if isinstance(e, Finished)) for q in inbox]
+    # ten tokens each: the first from the prefill, nine fed in nine Runs of four rows (the last one is not fed)
+    assert engine.batched_runs == 9
+    offline = Generator({"target": engine.models["target"]}, "greedy", registry=engine.registry)
+    assert [f.tokens for f in finished] == [offline.generate(p, max_new_tokens=10).tokens for p in prompts]
+
+
+def test_a_drafting_row_verifies_alone_beside_batched_rows(engine: Engine) -> None:
+    text = "def f(x):\n    return x\n\n\ndef f(x):\n"
+    greedy, lookup = queue.Queue[Any](), queue.Queue[Any]()
+    engine.submit(EngineRequest(ids=ids(engine, text), max_new_tokens=12), greedy.put)
+    engine.submit(
+        EngineRequest(
+            ids=ids(engine, text), max_new_tokens=12, controller="speculative", options={"drafter": "prompt-lookup"}
+        ),
+        lookup.put,
+    )
+    engine.start()
+    plain = next(e for e in collect(greedy, 1) if isinstance(e, Finished))
+    drafted = next(e for e in collect(lookup, 1) if isinstance(e, Finished))
+    assert drafted.tokens == plain.tokens
+    assert engine.batched_runs == 11  # the greedy row's: the speculating row never joined a batched Run
+
+
+def test_a_failing_controller_fails_its_own_request_and_frees_its_row(engine: Engine) -> None:
+    engine.start()
+    good, bad = queue.Queue[Any](), queue.Queue[Any]()
+    engine.submit(EngineRequest(ids=ids(engine, "import os"), max_new_tokens=30), good.put)
+    engine.submit(EngineRequest(ids=ids(engine, "import os"), max_new_tokens=30, controller="broken"), bad.put)
+    failure = collect(bad, 1)[-1]
+    assert isinstance(failure, Failed) and "ZeroDivisionError: the controller's bug" in failure.message
+    assert isinstance(collect(good, 1)[-1], Finished)
+    engine.close()
+    assert engine.live_rows == 0
+
+
+def test_cancel_ends_a_completion_and_frees_its_row(engine: Engine) -> None:
+    events = queue.Queue[Any]()
+    handles, seen = [], []
+
+    def leave_after_the_third_token(event: Any) -> None:  # runs on the engine thread, between two steps
+        events.put(event)
+        if isinstance(event, Delta):
+            seen.extend(event.tokens)
+            if len(seen) == 3:
+                handles[0].cancel()
+
+    handles.append(
+        engine.submit(EngineRequest(ids=ids(engine, "def f(x):"), max_new_tokens=900), leave_after_the_third_token)
+    )
+    engine.start()
+    ended = next(e for e in collect(events, 1) if isinstance(e, Finished))
+    assert ended.finish_reason == "cancelled" and len(ended.tokens) == 3
+    engine.close()
+    assert engine.live_rows == 0 and engine.cancelled == 1
+
+
+def test_shutdown_drains_live_and_queued_requests(engine: Engine) -> None:
+    inbox = [queue.Queue[Any]() for _ in range(6)]  # more than the four rows: two wait in the queue
+    for number, events in enumerate(inbox):
+        engine.submit(EngineRequest(ids=ids(engine, f"x = {number}"), max_new_tokens=8), events.put)
+    engine.start()
+    engine.close()  # drains: every request runs to its end
+    finished = [next(e for e in collect(q, 1) if isinstance(e, Finished)) for q in inbox]
+    assert [f.finish_reason for f in finished] == ["length"] * 6
+    with pytest.raises(EngineClosedError):
+        engine.submit(EngineRequest(ids=(5,), max_new_tokens=1), print)
+
+
+def test_n_completions_share_a_request_and_draw_their_own_streams(engine: Engine) -> None:
+    engine.start()
+    events = queue.Queue[Any]()
+    request = EngineRequest(ids=ids(engine, "class A:"), max_new_tokens=12, n=3, seed=4, controller="sample")
+    engine.submit(request, events.put)
+    finished = sorted((e for e in collect(events, 3) if isinstance(e, Finished)), key=lambda f: f.index)
+    offline = Generator({"target": engine.models["target"]}, "sample", options={"n": 3}, registry=engine.registry)
+    expected = offline.generate("class A:", max_new_tokens=12, seed=4)
+    assert [f.tokens for f in finished] == [c.tokens for c in expected.completions]
