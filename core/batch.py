@@ -13,8 +13,9 @@ next prompt is prefilled into it (continuous batching inside one process). Every
 gets alone: greedy token for token, sampling the same tokens for the same seed (each prompt draws from its own rng).
 
 Controllers declare that they can do this (``ControllerSpec.batched``); any other controller, or one that holds
-several rows per prompt (parallel samples, beams), or a processor chain that keeps state per sequence runs the
-prompts one at a time, and each result's trace says why under "batched". On a model with a concatenated KV cache
+several rows per prompt (parallel samples, beams), or a processor chain that keeps state per sequence without a
+``clone()`` runs the prompts one at a time, and each result's trace says why under "batched". A chain whose stateful
+processors clone gives every prompt a clone of its own, reset with that prompt. On a model with a concatenated KV cache
 (Optimum's layout) every row keeps a cache of its own and a step is one Run per row; an encoder-decoder model's row
 runs its own encoder over its own prompt when the prompt is admitted (decoctl.rows).
 """
@@ -150,9 +151,9 @@ def one_at_a_time(
         return f"one at a time: controller {spec.name} holds {spec.rows(options)} rows per prompt with these options"
     if roles != ("target",):
         return f"one at a time: controller {spec.name} drives the roles {list(roles)}, batches drive the target only"
-    if chain.stateful:
-        names = ", ".join(type(p).__name__ for p in chain.stateful)
-        return f"one at a time: the logits chain holds state per sequence ({names})"
+    if chain.unclonable:
+        names = ", ".join(chain.unclonable)
+        return f"one at a time: the logits chain holds state per sequence ({names}) without clone()"
     return None
 
 

@@ -1,8 +1,8 @@
 """The Controller protocol, the two baselines every other controller is measured against, and beam search.
 
-A controller drives one generation through host primitives only. ``start(host)`` runs once after the prompt
-is in the target's KV cache (``host.target.logits()`` holds the prompt's last row); ``step(host)`` is called
-until ``host.done`` and must commit at least one token or finish the generation.
+A controller drives one generation through host primitives only. ``step(host)`` is called until ``host.done`` and
+must commit at least one token or finish the generation; the optional ``start(host)`` runs once before, after the
+prompt is in the target's KV cache (``host.target.logits()`` holds the prompt's last row).
 """
 
 from __future__ import annotations
@@ -18,26 +18,54 @@ from decoctl.host import Host
 from decoctl.specs import ControllerSpec, Option
 from decoctl.verify import draw
 
-__all__ = ["Controller", "Greedy", "RowController", "Sample", "builtin_controllers", "sample_from_logits"]
+__all__ = [
+    "Controller",
+    "Greedy",
+    "RowController",
+    "Sample",
+    "builtin_controllers",
+    "sample_from_logits",
+    "start_controller",
+]
 
 
 @runtime_checkable
 class Controller(Protocol):
-    """What a decode strategy implements. Optional: ``stats() -> Mapping[str, Any]`` for its own counters."""
+    """What a decode strategy implements: ``step(host)``, the one required method, commits at least one token
+    (``host.commit``) or finishes the generation.
 
-    def start(self, host: Host) -> None: ...
+    Optional, with their defaults:
+
+    - ``start(host)`` (default: nothing): runs once per generation before the first step, after the prompt's
+      prefill; ``host.target.logits()`` holds the prompt's last row. A controller object used for several
+      generations (an instance given to a Generator) starts each one afresh here.
+    - ``stats() -> Mapping[str, Any]`` (default: none): the controller's own counters, in the result's
+      ``stats.controller``.
+    - ``next_token(host) -> int`` (default: none): the token ``step`` would commit next, read from the last row of
+      ``host.target.logits()``; with it, batched prompts step this controller's prompts together (RowController).
+
+    A controller class given to a Generator (or as ``file.py:Class``) may also say, as class attributes, what a
+    plugin's ControllerSpec says: ``roles``, ``capabilities``, ``options`` (its Option schema, checked before it is
+    built as ``Class(options)``), and ``roles_for``, ``capabilities_for``, ``check_options``, ``rows_for``,
+    ``scratch_for`` as static methods taking the parsed options (decoctl.resolve.controller_spec_of).
+    """
 
     def step(self, host: Host) -> None: ...
+
+
+def start_controller(controller: Any, host: Host) -> None:
+    """``controller.start(host)`` where the controller has one (it is optional: Controller)."""
+    start = getattr(controller, "start", None)
+    if start is not None:
+        start(host)
 
 
 @runtime_checkable
 class RowController(Protocol):
     """A controller that batched prompts (decoctl.batch) step one row per prompt, many prompts in one Run:
-    ``start(host)`` as usual, then ``next_token(host)``, the token its step() would commit next, read from
-    ``host.target.logits()``'s last row; the batch commits it and feeds it. Its ControllerSpec says
-    ``batched=True``."""
-
-    def start(self, host: Host) -> None: ...
+    ``start(host)`` as usual (where it has one), then ``next_token(host)``, the token its step() would commit next,
+    read from ``host.target.logits()``'s last row; the batch commits it and feeds it. Its ControllerSpec says
+    ``batched=True`` (a controller class with ``next_token`` gets it without saying so)."""
 
     def next_token(self, host: Host) -> int: ...
 

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import numpy as np
 
 from decoctl.batch import BatchPrompt, BatchSlot, one_at_a_time, run_batch
 from decoctl.chat_template import ChatPrompt, ChatTemplate, encode_prompt
-from decoctl.controllers import Controller, RowController
+from decoctl.controllers import Controller, RowController, start_controller
 from decoctl.errors import (
     CapabilityError,
     ConfigError,
@@ -36,8 +36,14 @@ from decoctl.model.capabilities import FEATURES
 from decoctl.model.loader import LoadedModel, load_model
 from decoctl.output import Output, StopRules
 from decoctl.plugins import PluginRegistry
-from decoctl.processing import ProcessorChain
-from decoctl.resolve import parse_processor_chain, resolve_controller, resolve_model
+from decoctl.processing import ProcessorChain, processor_name
+from decoctl.resolve import (
+    Processors,
+    checked_controller,
+    parse_processor_chain,
+    resolve_controller,
+    resolve_model,
+)
 from decoctl.rows import Rows
 from decoctl.specs import ControllerSpec, normalise_name, parse_options
 
@@ -136,10 +142,27 @@ class GenerationResult:
         return cls(text=first.text, tokens=first.tokens, stats=stats, completions=completions)
 
 
-class _Run:
-    """The mutable state of one generation while it runs."""
+@attrs.frozen(eq=False)
+class _Request:
+    """One prompt, checked and encoded: what a generation, a stream and each prompt of a batch start from."""
 
-    def __init__(self, host: Host, output: Output, controller: Controller, started: float) -> None:
+    #: the prompt as given (a string, or a ChatPrompt with its own ids), for the start hook
+    prompt: Any
+    #: the decoder's prompt: the prompt's tokens, or an encoder-decoder target's start token
+    ids: np.ndarray
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    seed: int | None
+    #: an encoder-decoder target's source (the prompt's tokens), which every role's encoder reads; None otherwise
+    source: np.ndarray | None = None
+
+
+class _Run:
+    """The mutable state of one generation while it runs: its request, host, output and controller, and the
+    counters its stats start from."""
+
+    def __init__(self, request: _Request, host: Host, output: Output, controller: Controller, started: float) -> None:
+        self.request = request
         self.host = host
         self.output = output
         self.controller = controller
@@ -148,20 +171,8 @@ class _Run:
         self.decode_started = started
         self.counters_at_decode: dict[str, tuple[int, int, float]] = {}
         self.sizes_at_decode: dict[str, ForwardSizes] = {}
-
-
-@attrs.frozen(eq=False)
-class _Request:
-    """One prompt of a batch, checked and encoded."""
-
-    prompt: str
-    #: the decoder's prompt: the prompt's tokens, or an encoder-decoder target's start token
-    ids: np.ndarray
-    max_new_tokens: int
-    stop: tuple[str, ...]
-    seed: int | None
-    #: an encoder-decoder target's source (the prompt's tokens), which the prompt's row encodes; None otherwise
-    source: np.ndarray | None = None
+        #: its result is made (finished, failed, closed or superseded): nothing may end it again
+        self.ended = False
 
 
 class Generator:
@@ -177,12 +188,22 @@ class Generator:
     ``last`` is the GenerationResult of the latest generation that ended, also one that did not finish: after a
     KeyboardInterrupt it holds the text and tokens committed so far (``stats.stop_reason == "interrupted"``).
 
+    How the work divides: the set-up (``_load_roles``, ``_check_roles``) runs once; every generation, stream and
+    batched prompt is a ``_Request`` (``_request``: checked and encoded), opened on its sequences by ``_open`` (stop
+    rules, output, host, controller) and started by ``_start`` (prefill, the controller's start); ``_steps`` runs it,
+    ``_finish`` ends it, and ``_fail`` ends whatever an exception stopped.
+
     :param models: role -> registered model name, folder path, or a LoadedModel another Generator opened (its
         session is shared; this Generator keeps its own KV caches). ``{"target": ...}`` at least; a missing
         target takes the default model.
-    :param controller: a registered name, ``file.py:Class``, ``module:Class`` or ``lib.so:name``.
+    :param controller: a registered name, ``file.py:Class``, ``module:Class``, ``lib.so:name``, a controller class
+        (built for each generation with its checked ``options``, as a named one is) or a ready controller object
+        (used as it is for every generation; it takes no options). Anything but a name or a library needs only a
+        ``step(host)`` method (decoctl.Controller).
     :param options: the controller's options (checked against its schema).
-    :param processors: a chain string ``"top_k=40,temperature=0.8"`` or a list of tables.
+    :param processors: a chain string ``"top_k=40,temperature=0.8"``, or a list mixing chain strings, registered
+        processors with options (``{"name": "top_k", "top_k": 40}`` or ``("top_k", {"top_k": 40})``) and processor
+        objects (decoctl.LogitsProcessor; transformers' through ``decoctl.from_transformers``).
     :param threads: intra-op threads for every model (default: onnxruntime-genai's cores/2).
     :param prefill_chunk: feed the prompt in chunks of this many tokens (None: one pass).
     :param huge_pages: load the models with ``load_model(huge_pages=True)``: their weights on 2 MiB pages, through
@@ -193,10 +214,10 @@ class Generator:
     def __init__(
         self,
         models: Mapping[str, str | Path | LoadedModel | None] | None = None,
-        controller: str = "greedy",
+        controller: str | type | object = "greedy",
         *,
         options: Mapping[str, Any] | None = None,
-        processors: str | list[Any] | None = None,
+        processors: Processors = None,
         threads: int | None = None,
         prefill_chunk: int | None = None,
         registry: PluginRegistry | None = None,
@@ -204,20 +225,23 @@ class Generator:
         huge_pages: bool = False,
     ) -> None:
         self.registry = registry or PluginRegistry()
-        self.spec: ControllerSpec = resolve_controller(controller, self.registry)
+        self.spec: ControllerSpec = resolve_controller(controller, self.registry, options=options)
         self.options = parse_options(f"controller {self.spec.name!r}", self.spec.options, options or {})
         if self.spec.check_options is not None:
             self.spec.check_options(self.options)
         self.chain: ProcessorChain = parse_processor_chain(processors, self.registry)
-        if self.chain.sample_only and not self.spec.sampling_processors:
-            names = ", ".join(type(p).__name__ for p in self.chain.sample_only)
+        sample_only = {id(p) for p in self.chain.sample_only}
+        if sample_only and not self.spec.sampling_processors:
+            names = ", ".join(
+                n for p, n in zip(self.chain.processors, self.chain.names, strict=True) if id(p) in sample_only
+            )
             raise ConfigError(
                 f"controller {self.spec.name!r} ranks continuations by probability and draws none, but the logits "
                 f"chain holds sample-only processors ({names}), which shape a distribution to draw from "
                 "(transformers leaves them out of beam search, with a warning): remove them from the chain, or use "
                 "a sampling controller"
             )
-        self.processors_text = processors
+        self.processors_text = _shown_processors(processors, self.chain)
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk={prefill_chunk} must be at least 1 token (or None for one pass)")
         self.prefill_chunk = prefill_chunk
@@ -375,10 +399,11 @@ class Generator:
         pieces: list[str] = []
         self._acquire()
         try:
-            run = self._begin(prompt, max_new_tokens, stop, seed, lambda _tokens, text: pieces.append(text))
+            request = self._request(prompt, max_new_tokens, stop, seed)
+            run = self._begin(request, lambda _tokens, text: pieces.append(text))
         finally:
             self._lock.release()
-        steps = self._steps(run, prompt)
+        steps = self._steps(run)
         given = 0  # characters of the text yielded so far
         try:
             while True:
@@ -419,7 +444,8 @@ class Generator:
         is, after the end hook, with the text so far in ``self.last``."""
         self._acquire()
         try:
-            for _ in self._steps(self._begin(prompt, max_new_tokens, stop, seed, None), prompt):
+            request = self._request(prompt, max_new_tokens, stop, seed)
+            for _ in self._steps(self._begin(request, None)):
                 pass
         finally:
             self._lock.release()
@@ -464,26 +490,15 @@ class Generator:
         items = [BatchPrompt.of(p, f"prompt {index}") for index, p in enumerate(prompts)]
         if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise ConfigError(f"batch_size={batch_size!r} must be a whole number, at least 1")
-        requests = []
-        tokenizer = self.models["target"].tokenizer
         shared_stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        requests = []
         for index, item in enumerate(items):
             limit = max_new_tokens if item.max_new_tokens is None else item.max_new_tokens
             own_seed = seed if item.seed is None else item.seed
             try:
-                stops = _checked_request(limit, shared_stop + item.stop, own_seed)
+                requests.append(self._request(item.prompt, limit, shared_stop + item.stop, own_seed))
             except ConfigError as exc:
                 raise ConfigError(f"prompt {index}: {exc}") from None
-            ids = np.asarray(tokenizer.encode(item.prompt), np.int64)
-            if ids.size == 0:
-                raise ConfigError(f"prompt {index} is empty and the model adds no BOS token: give some prompt text")
-            source = None
-            if self.models["target"].encoder is not None:
-                try:
-                    source, ids = ids, self._decoder_prompt(ids)
-                except ConfigError as exc:
-                    raise ConfigError(f"prompt {index}: {exc}") from None
-            requests.append(_Request(item.prompt, ids, limit, stops, own_seed, source))
         if not requests:
             return
         self._acquire()
@@ -495,8 +510,7 @@ class Generator:
                 yield from self._batched(requests, min(int(batch_size), len(requests)))
                 return
             for index, request in enumerate(requests):
-                run = self._begin(request.prompt, request.max_new_tokens, request.stop, request.seed, None)
-                for _ in self._steps(run, request.prompt):
+                for _ in self._steps(self._begin(request, None)):
                     pass
                 stats = attrs.evolve(self.last.stats, trace={**self.last.stats.trace, "batched": reason})
                 yield index, attrs.evolve(self.last, stats=stats)
@@ -504,34 +518,32 @@ class Generator:
             self._lock.release()
 
     def _batched(self, requests: list[_Request], size: int) -> Iterator[tuple[int, GenerationResult]]:
-        """Run ``requests`` on ``size`` rows of the target (the lock held)."""
+        """Run ``requests`` on ``size`` rows of the target (the lock held): each prompt opened on its row as it is
+        admitted, with a chain of its own where the chain keeps state per sequence (a clone)."""
         model = self.models["target"]
         needed = max(len(r.ids) + r.max_new_tokens for r in requests) + self.spec.scratch(self.options)
         length = min(max(MIN_KV_LENGTH, 1 << (needed - 1).bit_length()), model.spec.max_length)
         rows = self._batch_rows
         if rows is None or rows.capacity != size or rows[0].max_length < min(length, model.spec.context_length):
             rows = self._batch_rows = Rows("target", model, capacity=size, max_length=length, debug=self.debug)
-        for index, request in enumerate(requests):
-            if len(request.ids) >= rows[0].max_length:
-                raise ConfigError(
-                    f"prompt {index} has {len(request.ids)} tokens, which fills the target's {rows[0].max_length} "
-                    "positions: shorten it"
-                )
+        for index, request in enumerate(requests):  # every prompt is checked before any runs
+            _check_fits(request, rows[0].max_length, f"prompt {index}")
         held = "in one buffer" if rows.batched else f"stepped {rows.stepping}"
         trace = f"{size} row{'s' if size > 1 else ''} {held}, refilled as prompts finish"
-        running: dict[int, BatchSlot] = {}
+        running: dict[int, _Run] = {}
 
         def admit(index: int, row: int, sequence: Sequence) -> BatchSlot:
-            slot = self._admit(requests[index], index, row, sequence)
-            running[index] = slot
-            return slot
+            chain = self.chain.clone() if self.chain.stateful else self.chain
+            run = running[index] = self._open(requests[index], {"target": sequence}, chain=chain, batched=True)
+            self._start(run)
+            controller = cast(RowController, run.controller)  # _open checked it is one
+            return BatchSlot(index=index, row=row, host=run.host, controller=controller, run=run)
 
         def finish(slot: BatchSlot) -> tuple[int, GenerationResult]:
             del running[slot.index]
-            stats = self._stats(slot.run)
-            stats = attrs.evolve(stats, trace={**stats.trace, "batched": trace})
-            self.registry.notify_end(stats=stats, error=None)
-            return slot.index, GenerationResult.of(slot.host, stats)
+            result = self._finish(slot.run)
+            stats = attrs.evolve(result.stats, trace={**result.stats.trace, "batched": trace})
+            return slot.index, attrs.evolve(result, stats=stats)
 
         try:
             yield from run_batch(rows, len(requests), admit, finish)
@@ -539,61 +551,122 @@ class Generator:
             raise
         except BaseException as exc:
             self._batch_rows = None  # a step may have stopped half-way: the next batch starts on fresh rows
-            reason = "error" if isinstance(exc, Exception) else "interrupted"
-            unfinished = [(i, self._unfinished(s.run, reason, exc)) for i, s in sorted(running.items())]
-            if not isinstance(exc, Exception) or not unfinished:
-                raise
-            first, result = unfinished[0]
-            detail = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DecoctlError) else str(exc)
-            raise GenerationError(
-                f"controller {self.spec.name!r} failed in a batch, with prompt(s) {[i for i, _ in unfinished]} "
-                f"running (prompt {first} after {len(result.tokens)} token(s)): {detail}",
-                text=result.text,
-                tokens=list(result.tokens),
-                stats=result.stats,
-            ) from exc
+            self._fail(running, exc, batch=True)
+            raise
 
-    def _admit(self, request: _Request, index: int, row: int, sequence: Sequence) -> BatchSlot:
-        """Start ``request`` on row ``row`` of the batch (its Sequence, empty): prefill it, start a controller."""
+    # -- one request's life: opened, started, stepped, finished or failed -------------------------------------
+    def _request(self, prompt: str, max_new_tokens: int, stop: Any, seed: int | None) -> _Request:
+        """``prompt`` and its limits checked and encoded (ConfigError otherwise): the same for a generation, a
+        stream and each prompt of a batch."""
+        stop = _checked_request(max_new_tokens, stop, seed)
+        target = self.models["target"]
+        ids = np.asarray(encode_prompt(target.tokenizer, prompt), np.int64)  # a ChatPrompt keeps its ids
+        if ids.size == 0:
+            raise ConfigError("the prompt is empty and the model adds no BOS token: give some prompt text")
+        source = None
+        if target.encoder is not None:  # the prompt is the encoder's; the decoder starts from its start token
+            source, ids = ids, self._decoder_prompt(ids)
+        return _Request(prompt=prompt, ids=ids, max_new_tokens=max_new_tokens, stop=stop, seed=seed, source=source)
+
+    def _begin(self, request: _Request, sink: Callable[[list[int], str], None] | None) -> _Run:
+        """Open and start ``request`` on this Generator's own sequences (with the lock held), taking the models over
+        from an unfinished stream; ``sink`` receives each commit (a stream's pieces)."""
+        if self._active is not None:
+            self._unfinished(self._active, "superseded", None)
+        needed = len(request.ids) + request.max_new_tokens + self.spec.scratch(self.options)
+        sequences = {role: self._sequence(role, needed) for role in self.roles}
+        rows = {role: self._rows[role] for role in sequences}
+        run = self._active = self._open(request, sequences, chain=self.chain, rows=rows, sink=sink)
+        try:
+            self._start(run)
+        except BaseException as exc:
+            self._fail({0: run}, exc)
+            raise
+        return run
+
+    def _open(
+        self,
+        request: _Request,
+        sequences: Mapping[str, Sequence],
+        *,
+        chain: ProcessorChain,
+        rows: Mapping[str, Rows] | None = None,
+        sink: Callable[[list[int], str], None] | None = None,
+        batched: bool = False,
+    ) -> _Run:
+        """The per-request set-up, written once for generations, streams and batched prompts: the stop rules, the
+        output (``sink`` and commit observers see each commit), the chain reset with the prompt, the host over
+        ``sequences`` (with ``rows``: beams and parallel samples may start other completions) and a controller
+        (``batched``: one that can step one row among many)."""
         started = time.perf_counter()
+        target = sequences["target"]
+        _check_fits(request, target.max_length, "the prompt")
         model = self.models["target"]
         rules = StopRules(
             eos_token_ids=model.spec.eos_token_ids,
             max_new_tokens=request.max_new_tokens,
             stop_strings=request.stop,
-            capacity=sequence.max_length - len(request.ids),
+            capacity=target.max_length - len(request.ids),
         )
-        observe = self.registry.commit_observed()
-
-        def on_commit(tokens: list[int], text: str) -> None:
-            self.registry.notify_commit(tokens=tokens, text=text)
-
-        output = Output(rules, model.tokenizer.detokenizer(), on_commit if observe else None)
-        host = Host({"target": sequence}, output, prompt=request.ids, chain=self.chain, seed=request.seed)
+        detokenizer = model.tokenizer.detokenizer
+        output = Output(rules, detokenizer(), self._commit_hook(sink))
+        chain.reset(request.ids)
+        host = Host(
+            sequences,
+            output,
+            prompt=request.ids,
+            chain=chain,
+            seed=request.seed,
+            rows=rows,
+            new_output=(lambda: Output(rules, detokenizer(), None)) if rows is not None else None,
+        )
         host.prefill_chunk = self.prefill_chunk
         if request.source is not None:
             host.source_tokens = request.source
         controller = self._make_controller()
-        if not isinstance(controller, RowController):
+        if batched and not isinstance(controller, RowController):
             raise ControllerError(
                 f"controller {self.spec.name!r} says it is batched (ControllerSpec.batched) but has no "
                 "next_token(host) method: add one, or leave batched off"
             )
-        run = _Run(host, output, controller, started)
+        return _Run(request, host, output, controller, started)
+
+    def _commit_hook(self, sink: Callable[[list[int], str], None] | None) -> Callable[[list[int], str], None] | None:
+        """What an output calls with each commit: ``sink`` and the commit observers, or None when neither is there
+        (then the text is decoded once, at the end)."""
+        observe = self.registry.commit_observed()
+        if not observe:
+            return sink
+
+        def on_commit(tokens: list[int], text: str) -> None:
+            if sink is not None:
+                sink(tokens, text)
+            self.registry.notify_commit(tokens=tokens, text=text)
+
+        return on_commit
+
+    def _start(self, run: _Run) -> None:
+        """Start an opened request: the start hook, every role's encoder over an encoder-decoder source, the prompt's
+        prefill, the controller's start; the decode counters begin after."""
+        host, request = run.host, run.request
         self.registry.notify_start(
             prompt=request.prompt, controller=self.spec.name, roles={r: m.name for r, m in self.models.items()}
         )
-        sequence.stats = type(sequence.stats)()
-        if request.source is not None:  # an encoder-decoder row runs its own encoder over its own prompt
-            sequence.encode(request.source)
-        sequence.prefill(request.ids, self.prefill_chunk)
-        run.prefill_seconds = time.perf_counter() - started
-        controller.start(host)
+        sequences = [host[role] for role in host.roles]
+        for sequence in sequences:
+            sequence.stats = type(sequence.stats)()
+        if request.source is not None:  # every role's encoder reads the source once per generation
+            for sequence in sequences:
+                sequence.encode(request.source)
+        host.target.prefill(request.ids, self.prefill_chunk)
+        run.prefill_seconds = time.perf_counter() - run.started
+        start_controller(run.controller, host)
         run.decode_started = time.perf_counter()
-        counters = sequence.stats
-        run.counters_at_decode = {"target": (counters.forwards, counters.tokens_fed, counters.seconds)}
-        run.sizes_at_decode = {"target": counters.sizes()}
-        return BatchSlot(index=index, row=row, host=host, controller=controller, run=run)
+        run.counters_at_decode = {
+            role: (s.stats.forwards, s.stats.tokens_fed, s.stats.seconds)
+            for role, s in zip(host.roles, sequences, strict=True)
+        }
+        run.sizes_at_decode = {role: s.stats.sizes() for role, s in zip(host.roles, sequences, strict=True)}
 
     def _acquire(self) -> None:
         if not self._lock.acquire(blocking=False):
@@ -610,7 +683,7 @@ class Generator:
         finally:
             self._lock.release()
 
-    def _steps(self, run: _Run, prompt: str) -> Iterator[None]:
+    def _steps(self, run: _Run) -> Iterator[None]:
         """Step ``run`` to its end, pausing after every step; ``self.last`` holds its result at the end. An error
         inside becomes a GenerationError that keeps the text so far."""
         # the loop runs once a token on the greedy path, with onnxruntime's run in between evicting Python's
@@ -634,7 +707,7 @@ class Generator:
         except GeneratorExit:  # the stream that reads these steps was closed: it ends the generation
             raise
         except BaseException as exc:
-            self._fail(run, prompt, exc)
+            self._fail({0: run}, exc)
             raise
         self.last = self._finish(run)
 
@@ -647,87 +720,14 @@ class Generator:
                 f"{host.outputs} completions and did not finish them: every step must commit at least one token"
             )
 
-    def _begin(self, prompt: str, max_new_tokens: int, stop: Any, seed: int | None, sink: Any | None) -> _Run:
-        """Start a generation (with the lock held): check the arguments, take the models over from an unfinished
-        stream, prefill, start the controller."""
-        stop = _checked_request(max_new_tokens, stop, seed)
-        if self._active is not None:
-            self._unfinished(self._active, "superseded", None)
-        started = time.perf_counter()
-        target_model = self.models["target"]
-        ids = np.asarray(encode_prompt(target_model.tokenizer, prompt), np.int64)  # a ChatPrompt keeps its ids
-        if ids.size == 0:
-            raise ConfigError("the prompt is empty and the model adds no BOS token: give some prompt text")
-        source = None
-        if target_model.encoder is not None:  # the prompt is the encoder's; the decoder starts from its start token
-            source, ids = ids, self._decoder_prompt(ids)
-        needed = len(ids) + max_new_tokens + self.spec.scratch(self.options)
-        sequences = {role: self._sequence(role, needed) for role in self.roles}
-        target = sequences["target"]
-        capacity = target.max_length - len(ids)
-        if capacity < 1:
-            raise ConfigError(
-                f"the prompt has {len(ids)} tokens, which fills the target's {target.max_length} positions: shorten it"
-            )
-        rules = StopRules(
-            eos_token_ids=target_model.spec.eos_token_ids,
-            max_new_tokens=max_new_tokens,
-            stop_strings=tuple(stop),
-            capacity=capacity,
-        )
-        observe = self.registry.commit_observed()
-
-        def on_commit(tokens: list[int], text: str) -> None:
-            if sink is not None:
-                sink(tokens, text)
-            if observe:
-                self.registry.notify_commit(tokens=tokens, text=text)
-
-        output = Output(rules, target_model.tokenizer.detokenizer(), on_commit if sink or observe else None)
-        self.chain.reset(ids)
-        detokenizer = target_model.tokenizer.detokenizer
-        host = Host(
-            sequences,
-            output,
-            prompt=ids,
-            chain=self.chain,
-            seed=seed,
-            rows={role: self._rows[role] for role in sequences},
-            new_output=lambda: Output(rules, detokenizer(), None),
-        )
-        host.prefill_chunk = self.prefill_chunk
-        if source is not None:
-            host.source_tokens = source
-        controller = self._make_controller()
-        run = _Run(host, output, controller, started)
-        self._active = run
-        self.registry.notify_start(
-            prompt=prompt, controller=self.spec.name, roles={r: m.name for r, m in self.models.items()}
-        )
-        try:
-            if source is not None:  # every role's encoder reads the source once per generation
-                for sequence in sequences.values():
-                    sequence.encode(source)
-            target.prefill(ids, self.prefill_chunk)
-            run.prefill_seconds = time.perf_counter() - started
-            controller.start(host)
-        except BaseException as exc:
-            self._fail(run, prompt, exc)
-            raise
-        run.decode_started = time.perf_counter()
-        run.counters_at_decode = {
-            role: (s.stats.forwards, s.stats.tokens_fed, s.stats.seconds) for role, s in sequences.items()
-        }
-        run.sizes_at_decode = {role: s.stats.sizes() for role, s in sequences.items()}
-        return run
-
     def _make_controller(self) -> Controller:
-        if self.spec.factory is not None:
-            controller: Controller = self.spec.factory(dict(self.options))
-            return controller
-        from decoctl import abi  # the compiled bridge is only needed for shared-library controllers
+        if self.spec.factory is None:
+            from decoctl import abi  # the compiled bridge is only needed for shared-library controllers
 
-        return abi.library_factory(self.spec)(dict(self.options))
+            controller: Controller = abi.library_factory(self.spec)(dict(self.options))
+            return controller
+        built = self.spec.factory(dict(self.options))
+        return cast(Controller, checked_controller(built, repr(self.spec.name)))
 
     def _stats(self, run: _Run) -> GenerationStats:
         now = time.perf_counter()
@@ -745,7 +745,7 @@ class Generator:
             "plugin": self.spec.plugin,
             "options": dict(self.options),
             "roles": {r: m.name for r, m in self.models.items()},
-            "processors": self.processors_text or "",
+            "processors": self.processors_text,
             "degraded": [],
             **run.host.trace,
         }
@@ -766,31 +766,42 @@ class Generator:
         )
 
     def _finish(self, run: _Run) -> GenerationResult:
-        self._active = None
+        """The result of a run its stop rules ended; the end hook sees it."""
+        run.ended = True
+        if self._active is run:
+            self._active = None
         stats = self._stats(run)
         self.registry.notify_end(stats=stats, error=None)
         log.debug("decoctl.generation_end", new_tokens=stats.new_tokens, stop_reason=stats.stop_reason)
         return GenerationResult.of(run.host, stats)
 
-    def _fail(self, run: _Run, prompt: str, exc: BaseException) -> None:
-        """End a generation that raised: an error becomes a GenerationError that keeps the text so far; an
-        interrupt (KeyboardInterrupt, SystemExit) propagates as it is, with the text so far in ``self.last``."""
-        if self._active is not run:
-            return
-        if isinstance(exc, GenerationError):  # another generation's, raised inside this one: it keeps its own text
-            self._unfinished(run, "error", exc)
+    def _fail(self, runs: Mapping[int, _Run], exc: BaseException, *, batch: bool = False) -> None:
+        """The one failure path: end the runs ``exc`` stopped (a generation as {0: run}; with ``batch``, the prompts
+        a batch was running, by index) with what each committed (``self.last``). An error becomes a GenerationError
+        that keeps the first run's text so far (and names the prompts a batch was running); an interrupt
+        (KeyboardInterrupt, SystemExit) and another generation's GenerationError propagate as they are: the caller
+        re-raises them. A run that has ended already (a stream superseded or closed) is left as it is."""
+        live = sorted((index, run) for index, run in runs.items() if not run.ended)
+        if not live:
             return
         if not isinstance(exc, Exception):
             # an interrupt may land between a forward and its bookkeeping (or a buffer and its binding): the next
             # generation starts on fresh KV caches
             self._sequences.clear()
-            self._unfinished(run, "interrupted", exc)
+            for _, run in live:
+                self._unfinished(run, "interrupted", exc)
             return
-        result = self._unfinished(run, "error", exc)
+        ended = [(index, self._unfinished(run, "error", exc)) for index, run in live]
+        if isinstance(exc, GenerationError):  # another generation's, raised inside this one: it keeps its own text
+            return
+        first, result = ended[0]
         log.warning("decoctl.generation_failed", controller=self.spec.name, error=str(exc))
         detail = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DecoctlError) else str(exc)
+        where = f"after {len(result.tokens)} token(s)"
+        if batch:
+            where = f"in a batch, with prompt(s) {[i for i, _ in ended]} running (prompt {first} {where})"
         raise GenerationError(
-            f"controller {self.spec.name!r} failed after {len(result.tokens)} token(s): {detail}",
+            f"controller {self.spec.name!r} failed {where}: {detail}",
             text=result.text,
             tokens=list(result.tokens),
             stats=result.stats,
@@ -799,11 +810,41 @@ class Generator:
     def _unfinished(self, run: _Run, reason: str, error: BaseException | None) -> GenerationResult:
         """End ``run`` before its stop rules did: ``self.last`` becomes what it committed (stop_reason ``reason``),
         the end hook sees it with ``error``, and the models are free for the next generation."""
-        self._active = None
+        run.ended = True
+        if self._active is run:
+            self._active = None
         stats = attrs.evolve(self._stats(run), stop_reason=reason)
         self.last = GenerationResult.of(run.host, stats)
         self.registry.notify_end(stats=stats, error=error)
         return self.last
+
+
+def _check_fits(request: _Request, max_length: int, what: str) -> None:
+    """ConfigError when ``request``'s prompt leaves no room for a new token in a sequence of ``max_length``."""
+    if len(request.ids) >= max_length:
+        raise ConfigError(
+            f"{what} has {len(request.ids)} tokens, which fills the target's {max_length} positions: shorten it"
+        )
+
+
+def _shown_processors(processors: Processors, chain: ProcessorChain) -> str | list[Any]:
+    """``processors`` as the trace shows them: as given where that is text and tables, a processor object by its
+    name."""
+    if processors is None or isinstance(processors, str):
+        return processors or ""
+    if isinstance(processors, ProcessorChain):
+        return ",".join(chain.names)
+    shown: list[Any] = []
+    for entry in processors:
+        if isinstance(entry, str):
+            shown.append(entry)
+        elif isinstance(entry, Mapping):
+            shown.append(dict(entry))
+        elif isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], Mapping):
+            shown.append({"name": entry[0], **entry[1]})
+        else:
+            shown.append(processor_name(entry))
+    return shown
 
 
 def _check_encoder_decoder(role: str, model: LoadedModel, target: LoadedModel) -> None:
@@ -848,7 +889,7 @@ def generate(
     prompt: str,
     *,
     model: str | Path | None = None,
-    controller: str = "greedy",
+    controller: str | type | object = "greedy",
     max_new_tokens: int = 128,
     stop: tuple[str, ...] | list[str] = (),
     seed: int | None = 0,
@@ -865,7 +906,7 @@ def stream(
     prompt: str,
     *,
     model: str | Path | None = None,
-    controller: str = "greedy",
+    controller: str | type | object = "greedy",
     max_new_tokens: int = 128,
     stop: tuple[str, ...] | list[str] = (),
     seed: int | None = 0,

@@ -623,6 +623,9 @@ class Host:
         self._rows = dict(rows or {})
         self._prompt = prompt
         self._chain = chain or ProcessorChain()
+        #: output -> the chain that follows it, for the outputs after the first when the chain keeps state per
+        #: sequence (each a clone of the chain, reset with the prompt; new_output)
+        self._output_chains: dict[int, ProcessorChain] = {}
         # what every processing context carries, looked up once rather than at every step
         self._eos_token_ids = frozenset(output.rules.eos_token_ids)
         self._tokenizer = self._roles["target"].model.tokenizer
@@ -672,17 +675,21 @@ class Host:
         """Start another completion of the prompt (empty, with the same stop rules); return its index. commit(),
         process() and argmax() take ``output=`` to address it; output 0 is the one that streams. ``final``: the
         completion is committed whole once the controller processes no more rows (beam search's hypotheses), so a
-        logits chain that keeps per-sequence state is never asked about it."""
+        logits chain that keeps per-sequence state is never asked about it.
+
+        Otherwise a chain that keeps state per sequence follows the new completion with a clone of its own (the
+        processors' ``clone()``, reset with the prompt): ConfigError naming the stateful processors that have none."""
         if self._new_output is None:
             raise CapabilityError("this host holds one output: it cannot start another completion")
-        if not final and self._chain and self._chain.stateful:
-            names = ", ".join(type(p).__name__ for p in self._chain.stateful)
-            raise ConfigError(
-                f"the logits chain holds state per sequence ({names}), which several completions of one prompt "
-                "would share: drop those processors, or generate the completions one at a time"
-            )
+        chain = None
+        if not final and self._chain.stateful:
+            chain = self._chain.clone()
+            chain.reset(self._prompt)
         self._outputs.append(self._new_output())
-        return len(self._outputs) - 1
+        index = len(self._outputs) - 1
+        if chain is not None:
+            self._output_chains[index] = chain
+        return index
 
     @property
     def outputs(self) -> int:
@@ -718,6 +725,9 @@ class Host:
             raise SequenceError(f"rank_outputs({picked}): name each kept output once, at least one")
         self._scores = {new: self._scores[old] for new, old in enumerate(picked) if old in self._scores}
         self._outputs = [self._outputs[i] for i in picked]
+        self._output_chains = {
+            new: self._output_chains[old] for new, old in enumerate(picked) if old in self._output_chains
+        }
 
     def completions(self) -> tuple[tuple[Output, float | None], ...]:
         """(output, score or None) per completion, in order."""
@@ -733,7 +743,12 @@ class Host:
         """Append accepted tokens to the output, applying EOS, max_new_tokens and stop strings; return how
         many were taken (fewer than given once the generation is done)."""
         if output:
-            return self._completion(output).commit(tokens)  # new_output() refused a stateful chain
+            completion = self._completion(output)
+            taken = completion.commit(tokens)
+            chain = self._output_chains.get(output)  # the clone that follows it, when the chain keeps state
+            if taken and chain is not None:
+                chain.commit(completion.tokens[-taken:])
+            return taken
         taken = self._output.commit(tokens)
         if taken and self._chain:
             self._chain.commit(self._output.tokens[-taken:])
@@ -787,6 +802,8 @@ class Host:
         """
         if not self._chain:
             return rows
+        if outputs is not None and self._output_chains:
+            return self._per_output(rows, outputs, drafted, paths, argmax=False)
         return self._chain(rows, self._process_context(len(rows), drafted, paths, outputs))
 
     def argmax(
@@ -802,7 +819,51 @@ class Host:
         steps where they provably keep a row's argmax (``ProcessorChain.argmax``)."""
         if not self._chain:
             return rows.argmax(axis=1)
+        if outputs is not None and self._output_chains:
+            return self._per_output(rows, outputs, drafted, paths, argmax=True)
         return self._chain.argmax(rows, self._process_context(len(rows), drafted, paths, outputs))
+
+    def _per_output(
+        self,
+        rows: np.ndarray,
+        outputs: Seq[int],
+        drafted: Seq[int] | None,
+        paths: Seq[Seq[int]] | None,
+        *,
+        argmax: bool,
+    ) -> np.ndarray:
+        """process() / argmax() of rows that follow several completions when each completion has a chain of its own
+        (a chain that keeps state per sequence): each completion's rows through its chain, with its committed tokens
+        as the context's output."""
+        if len(outputs) != len(rows) or drafted is not None or paths is not None:
+            raise SequenceError(f"process() got {len(rows)} rows and outputs {list(outputs)}: give one output per row")
+        result = np.empty(len(rows), np.int64) if argmax else np.empty(rows.shape, np.float32)
+        at: dict[int, list[int]] = {}
+        for index, output in enumerate(outputs):
+            at.setdefault(int(output), []).append(index)
+        for output, indices in at.items():
+            completion = self._completion(output)
+            chain = self._chain if output == 0 else self._output_chains.get(output)
+            if chain is None:  # a final completion (new_output(final=True)): it follows the shared chain's prefix
+                context = ProcessContext(
+                    self._prompt,
+                    _NO_TOKENS,
+                    [completion.ids] * len(indices),
+                    eos_token_ids=self._eos_token_ids,
+                    tokenizer=self._tokenizer,
+                )
+                chain = self._chain
+            else:
+                context = ProcessContext(
+                    self._prompt,
+                    completion.ids,
+                    [()] * len(indices),
+                    eos_token_ids=self._eos_token_ids,
+                    tokenizer=self._tokenizer,
+                )
+            picked = rows[indices]
+            result[indices] = chain.argmax(picked, context) if argmax else chain(picked, context)
+        return result
 
     def _process_context(
         self, n: int, drafted: Seq[int] | None, paths: Seq[Seq[int]] | None, outputs: Seq[int] | None = None

@@ -1,5 +1,6 @@
-"""Turn what a user typed into things: a model name or path into a folder, a controller reference into a
-ControllerSpec, a processor chain string into processors."""
+"""Turn what a user gave into things: a model name or path into a folder; a controller reference (a name, a path, a
+class or an instance) into a ControllerSpec; processors (chain strings, registered names with options, objects) into
+a ProcessorChain."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import importlib
 import importlib.util
 import inspect
 import sys
+from collections.abc import Callable, Mapping
+from collections.abc import Sequence as Seq
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from decoctl.errors import ConfigError, ModelLoadError, PluginError
 from decoctl.importers.registry import find_registered, load_registry
-from decoctl.processing import LogitsProcessor, ProcessorChain
+from decoctl.processing import LogitsProcessor, ProcessorChain, checked_processor, processor_name
 from decoctl.specs import ControllerSpec, normalise_name, parse_options
 
 if TYPE_CHECKING:
@@ -21,6 +24,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MODEL",
     "LIBRARY_SUFFIXES",
+    "checked_controller",
+    "controller_spec_of",
     "parse_processor_chain",
     "resolve_controller",
     "resolve_model",
@@ -61,9 +66,23 @@ def resolve_model(reference: str | Path | None, registry: PluginRegistry) -> tup
     return bundle.name, bundle.path
 
 
-def resolve_controller(reference: str, registry: PluginRegistry) -> ControllerSpec:
-    """A registered name, ``path/to/file.py:Class``, ``package.module:Class``, ``lib.so:name`` or ``lib.so`` (the
-    library's controller, when it provides exactly one)."""
+def resolve_controller(
+    reference: str | type | object, registry: PluginRegistry, *, options: Mapping[str, Any] | None = None
+) -> ControllerSpec:
+    """The spec of a controller given as a registered name, ``path/to/file.py:Class``, ``package.module:Class``,
+    ``lib.so:name`` or ``lib.so`` (the library's controller, when it provides exactly one), a controller class (built
+    with its options, as a named one is: ``controller_spec_of``) or a ready instance (used as it is for every
+    generation). ``options``: what the caller will pass, checked only against what the reference can take (an
+    instance takes none: it is built already; a class whose ``__init__`` takes no argument takes none either)."""
+    if isinstance(reference, ControllerSpec):
+        return reference
+    if not isinstance(reference, str):
+        if isinstance(reference, type):
+            spec = controller_spec_of(reference, plugin=reference.__module__)
+        else:
+            spec = _instance_spec(reference, options)
+        _check_no_options(spec, options)
+        return spec
     controllers = registry.controllers()
     spec = controllers.get(normalise_name(reference))
     if spec is not None:
@@ -74,12 +93,135 @@ def resolve_controller(reference: str, registry: PluginRegistry) -> ControllerSp
         names = ", ".join(sorted(controllers))
         raise PluginError(
             f"unknown controller {reference!r} (installed: {names}): install the plugin that provides it, or "
-            "give file.py:Class, package.module:Class, library.so:name or library.so"
+            "give file.py:Class, package.module:Class, library.so:name, library.so, a controller class or an instance"
         )
     location, _, attribute = reference.rpartition(":")
     if location.endswith(LIBRARY_SUFFIXES):
         return _library_controller(Path(location), attribute)
-    return _python_controller(reference, location, attribute)
+    spec = _python_controller(reference, location, attribute)
+    _check_no_options(spec, options)
+    return spec
+
+
+#: what a controller class (or instance) may say about itself, read into its ControllerSpec: the spec's fields of
+#: the same names (``roles_for``, ``capabilities_for``, ``check_options``, ``rows_for`` and ``scratch_for`` as static
+#: methods taking the parsed options)
+_CLASS_FIELDS = (
+    "roles",
+    "roles_for",
+    "capabilities",
+    "capabilities_for",
+    "check_options",
+    "rows_for",
+    "scratch_for",
+    "sampling_processors",
+    "options",
+)
+
+
+def controller_spec_of(target: Callable[..., Any], *, plugin: str, name: str | None = None) -> ControllerSpec:
+    """The ControllerSpec of a controller class (or a factory function taking the options), as a plugin would write
+    it: the name (``name``, else the class's), the first line of its docstring as the summary, and the class
+    attributes ``roles``, ``capabilities``, ``options`` (its Option schema), ``roles_for``, ``capabilities_for``,
+    ``check_options``, ``rows_for``, ``scratch_for``, ``sampling_processors`` and ``batched`` (default: whether it has
+    ``next_token``). A class is built as ``Class(options)``, the parsed options as a dict, or ``Class()`` when its
+    ``__init__`` takes no argument (then it takes no options). A class without ``step`` is refused, naming it."""
+    label = name or str(getattr(target, "__qualname__", type(target).__name__))
+    if isinstance(target, type):
+        checked_controller(target, label)
+    doc = inspect.getdoc(target) or ""
+    fields = {field: getattr(target, field) for field in _CLASS_FIELDS if getattr(target, field, None) is not None}
+    fields["roles"] = tuple(fields.get("roles", ("target",)))
+    fields["capabilities"] = dict(fields.get("capabilities", {}))
+    fields["options"] = tuple(fields.get("options", ()))
+    factory: Callable[[dict[str, Any]], Any] = target
+    if isinstance(target, type) and not _takes_options(target):
+        if fields["options"]:
+            raise ConfigError(
+                f"controller {label}: it declares options {[o.name for o in fields['options']]} but its __init__ "
+                "takes no argument to receive them: give it __init__(self, options)"
+            )
+        factory = _WithoutOptions(target)
+    return ControllerSpec(
+        name=label,
+        summary=doc.splitlines()[0] if doc else f"{label} from {plugin}",
+        factory=factory,
+        batched=bool(getattr(target, "batched", callable(getattr(target, "next_token", None)))),
+        plugin=plugin,
+        **fields,
+    )
+
+
+def checked_controller(controller: Any, name: str) -> Any:
+    """``controller`` (an object or a class) once it has the one method a controller needs, ``step(host)``;
+    ConfigError naming it and the method otherwise."""
+    if not callable(getattr(controller, "step", None)):
+        kind = "class" if isinstance(controller, type) else "object"
+        raise ConfigError(
+            f"controller {name} ({kind} {getattr(controller, '__qualname__', type(controller).__name__)}) has no "
+            "step(host) method: a controller needs step(host), which commits at least one token or finishes the "
+            "generation (start(host), stats() and next_token(host) are optional)"
+        )
+    return controller
+
+
+def _instance_spec(controller: object, options: Mapping[str, Any] | None) -> ControllerSpec:
+    """A ready controller object as a spec whose factory gives that object for every generation (it is not built
+    again, so its ``start(host)`` begins each generation afresh). It drives batched prompts one at a time: a batch
+    needs a controller per prompt."""
+    cls = type(controller)
+    name = cls.__name__
+    checked_controller(controller, name)
+    if options:
+        raise ConfigError(
+            f"controller {name} is an instance, built already, but options {dict(options)} were given: pass the class "
+            f"({name}) to have it built with them, or build the instance with them yourself"
+        )
+    fields = {
+        field: getattr(controller, field) for field in _CLASS_FIELDS if getattr(controller, field, None) is not None
+    }
+    fields["roles"] = tuple(fields.get("roles", ("target",)))
+    fields["capabilities"] = dict(fields.get("capabilities", {}))
+    fields["options"] = ()
+    doc = inspect.getdoc(cls) or ""
+    return ControllerSpec(
+        name=name,
+        summary=doc.splitlines()[0] if doc else f"an instance of {name}",
+        factory=lambda _options: controller,
+        plugin=cls.__module__,
+        **fields,
+    )
+
+
+def _takes_options(cls: type) -> bool:
+    """Whether ``cls(options)`` is how to build ``cls``: its ``__init__`` takes a positional argument."""
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):  # a signature Python cannot read (a builtin's): call it as documented
+        return True
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return any(p.kind in positional or p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
+
+
+class _WithoutOptions:
+    """Builds a controller class whose ``__init__`` takes no argument (so it takes no options)."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+
+    def __call__(self, options: dict[str, Any]) -> Any:
+        del options  # always empty: the spec declares none, and given ones were refused (_check_no_options)
+        return self.cls()
+
+
+def _check_no_options(spec: ControllerSpec, options: Mapping[str, Any] | None) -> None:
+    """Options given for a class whose ``__init__`` takes none: ConfigError naming the class."""
+    if options and isinstance(spec.factory, _WithoutOptions):
+        name = spec.factory.cls.__qualname__
+        raise ConfigError(
+            f"controller {name}: its __init__ takes no options, but options {dict(options)} were given: drop them, "
+            "or give it __init__(self, options) and an options schema (a tuple of decoctl.Option)"
+        )
 
 
 def _library_controller(path: Path, symbol: str | None) -> ControllerSpec:
@@ -103,16 +245,7 @@ def _python_controller(reference: str, location: str, attribute: str) -> Control
     target = getattr(module, attribute, None)
     if target is None or not callable(target):
         raise PluginError(f"controller {reference!r}: {location} has no class or factory named {attribute!r}")
-    doc = inspect.getdoc(target) or ""
-    return ControllerSpec(
-        name=attribute,
-        summary=doc.splitlines()[0] if doc else f"{attribute} from {location}",
-        factory=target,
-        roles=tuple(getattr(target, "roles", ("target",))),
-        capabilities=dict(getattr(target, "capabilities", {})),
-        options=tuple(getattr(target, "options", ())),
-        plugin=location,
-    )
+    return controller_spec_of(target, plugin=location, name=attribute)
 
 
 def _module_from_file(path: Path, reference: str) -> Any:
@@ -136,41 +269,71 @@ def _split_items(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-def parse_processor_chain(chain: str | list[Any] | None, registry: PluginRegistry) -> ProcessorChain:
-    """Build a chain from ``"name=value,name=value"`` or a list of ``{"name": ..., **options}`` tables.
+#: what ``processors=`` takes: a chain string, or a list mixing chain strings, tables, (name, options) pairs and
+#: processor objects
+Processors: TypeAlias = str | Seq[Any] | ProcessorChain | None
+
+
+def parse_processor_chain(chain: Processors, registry: PluginRegistry) -> ProcessorChain:
+    """Build a chain from ``"name=value,name=value"``, or from a list whose entries are, in any mix: chain strings
+    (one or several processors), registered processors with options (``{"name": ..., **options}`` tables or
+    ``(name, {options})`` pairs) and processor objects (anything ``decoctl.LogitsProcessor`` describes: an object with
+    ``__call__(rows, context)``, or a plain function; transformers' through ``decoctl.from_transformers``). A
+    ProcessorChain is taken as it is.
 
     ``name=value`` sets a processor's single main option (the first in its schema); ``name`` alone uses its
-    defaults. Unknown processors and bad values raise ConfigError before generation starts.
+    defaults. Unknown processors, bad values and objects that are no processor raise ConfigError before generation
+    starts.
     """
-    if not chain:
+    if isinstance(chain, ProcessorChain):
+        return chain
+    if chain is None or (isinstance(chain, str | list | tuple) and not chain):
         return ProcessorChain()
-    items: list[tuple[str, dict[str, Any]]] = []
     if isinstance(chain, str):
-        for item in _split_items(chain):
-            name, sep, value = item.partition("=")
-            items.append((name.strip(), {"__main__": value.strip()} if sep else {}))
+        entries: list[Any] = [chain]
+    elif isinstance(chain, list | tuple):
+        entries = list(chain)
     else:
-        for entry in chain:
-            if not isinstance(entry, dict) or "name" not in entry:
-                raise ConfigError(f"processor entry {entry!r} must be a table with a 'name' key")
-            options = {k: v for k, v in entry.items() if k != "name"}
-            items.append((str(entry["name"]), options))
+        raise ConfigError(
+            f"processors={processor_name(chain)!r}: give a chain string, or a list of chain strings, tables, "
+            "(name, options) pairs and processor objects (a single processor object goes in a list: [processor])"
+        )
     specs = registry.processors()
     processors: list[LogitsProcessor] = []
-    for name, given in items:
-        spec = specs.get(normalise_name(name))
-        if spec is None:
-            known = ", ".join(sorted(specs)) or "none installed (pip install decoctl-logits-chain)"
-            raise ConfigError(f"unknown logits processor {name!r} (installed: {known})")
-        if "__main__" in given:
-            if not spec.options:
-                raise ConfigError(f"logits processor {spec.name!r} takes no value: write it without '='")
-            given = {spec.options[0].name: given.pop("__main__"), **given}
-        options = parse_options(f"logits processor {spec.name!r}", spec.options, given)
-        processors.append(spec.factory(options))
-        if getattr(processors[-1], "terminal", False) and len(processors) < len(items):
-            raise ConfigError(
-                f"logits processor {spec.name!r} ends a chain (it picks the token), but "
-                f"{', '.join(repr(n) for n, _ in items[len(processors) :])} follow it: put it last"
-            )
-    return ProcessorChain(processors)
+    names: list[str] = []
+    for entry in entries:
+        for name, given in _registered_items(entry):
+            if given is None:  # a processor object
+                processors.append(checked_processor(name))
+                names.append(processor_name(name))
+                continue
+            spec = specs.get(normalise_name(name))
+            if spec is None:
+                known = ", ".join(sorted(specs)) or "none installed (pip install decoctl-logits-chain)"
+                raise ConfigError(f"unknown logits processor {name!r} (installed: {known})")
+            if "__main__" in given:
+                if not spec.options:
+                    raise ConfigError(f"logits processor {spec.name!r} takes no value: write it without '='")
+                given = {spec.options[0].name: given.pop("__main__"), **given}
+            options = parse_options(f"logits processor {spec.name!r}", spec.options, given)
+            processors.append(spec.factory(options))
+            names.append(spec.name)
+    return ProcessorChain(processors, names=names)
+
+
+def _registered_items(entry: Any) -> list[tuple[Any, dict[str, Any] | None]]:
+    """(registered name, its given options) for each processor an entry of ``processors=`` names; (the object,
+    None) for a processor object."""
+    if isinstance(entry, str):
+        items: list[tuple[Any, dict[str, Any] | None]] = []
+        for item in _split_items(entry):
+            name, sep, value = item.partition("=")
+            items.append((name.strip(), {"__main__": value.strip()} if sep else {}))
+        return items
+    if isinstance(entry, Mapping):
+        if "name" not in entry:
+            raise ConfigError(f"processor entry {dict(entry)!r} must be a table with a 'name' key")
+        return [(str(entry["name"]), {k: v for k, v in entry.items() if k != "name"})]
+    if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], Mapping):
+        return [(entry[0], dict(entry[1]))]
+    return [(entry, None)]

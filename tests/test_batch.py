@@ -187,7 +187,7 @@ def test_parallel_samples_run_the_prompts_one_at_a_time(genai_model: Path, regis
         ([{"prompt": "x", "max_new_tokens": 0}], {}, "prompt 0: max_new_tokens must be a whole number from 1 up"),
         ([{"prompt": "x", "seed": -1}], {}, "prompt 0: seed must be a whole number from 0 up"),
         ([{"prompt": "x", "temperature": 1}], {}, "prompt 0: unknown key(s) ['temperature']"),
-        (["x", ""], {}, "prompt 1 is empty"),
+        (["x", ""], {}, "prompt 1: the prompt is empty"),
     ],
 )
 def test_bad_batches_are_refused_before_anything_runs(

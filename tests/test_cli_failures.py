@@ -161,7 +161,10 @@ def test_a_bug_in_a_controller_is_one_line_and_its_traceback_is_shown_on_request
     genai_model: Path, tmp_path: Path
 ) -> None:
     controller = tmp_path / "broken.py"
-    controller.write_text("class Broken:\n    roles = ('target',)\n\n    def __init__(self, options):\n        1 / 0\n")
+    controller.write_text(
+        "class Broken:\n    roles = ('target',)\n\n    def __init__(self, options):\n        1 / 0\n\n"
+        "    def step(self, host):\n        pass\n"
+    )
     args = ["generate", "x", "-m", str(genai_model), "-c", f"{controller}:Broken"]
     done = decoctl(*args)
     refused(done, "unexpected ZeroDivisionError: division by zero (a bug in decoctl or a plugin", status=1)

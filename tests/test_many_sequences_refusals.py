@@ -210,7 +210,7 @@ def test_a_controller_that_draws_nothing_refuses_sample_only_processors_before_l
     registry: PluginRegistry,
 ) -> None:
     registry.register(ProcessorsPlugin(), "test-processors")
-    with pytest.raises(ConfigError, match=r"controller 'ranking' .* sample-only processors \(Sharpen\)"):
+    with pytest.raises(ConfigError, match=r"controller 'ranking' .* sample-only processors \(sharpen\)"):
         Generator({"target": "/no/such/model"}, "ranking", processors="nudge,sharpen", registry=registry)
 
 

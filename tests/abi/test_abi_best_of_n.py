@@ -242,7 +242,7 @@ def test_a_stateful_chain_is_refused_clearly(genai_model: Path, best_of_n: Path)
     with pytest.raises(GenerationError) as caught:
         generate(genai_model, str(best_of_n), registry, 4, options={"n": 2}, processors="remembers_ends")
     assert isinstance(caught.value.__cause__, ConfigError)
-    assert "holds state per sequence (RemembersEnds)" in str(caught.value.__cause__)
+    assert "holds state per sequence (remembers-ends)" in str(caught.value.__cause__)
 
 
 def test_a_concat_cache_model_steps_its_rows_one_run_per_row(optimum_model: Path, best_of_n: Path) -> None:

@@ -180,7 +180,7 @@ def test_new_output_with_a_stateful_processor_is_refused_naming_it(genai_model: 
     with pytest.raises(GenerationError) as caught:
         generate(genai_model, f"{c_rows}:parallel_greedy", registry, n=4, processors="remembers")
     assert isinstance(caught.value.__cause__, ConfigError)
-    assert "holds state per sequence (Remembers)" in str(caught.value.__cause__)
+    assert "holds state per sequence (remembers)" in str(caught.value.__cause__)
     assert "which returned -5" in "".join(caught.value.__cause__.__notes__)  # DECOCTL_ERR_ARGUMENT
 
 

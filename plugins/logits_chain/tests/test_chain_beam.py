@@ -11,13 +11,13 @@ from decoctl import ConfigError, Generator
 from decoctl.plugins import PluginRegistry
 
 SAMPLE_ONLY = {
-    "temperature=0.7": "Temperature",
-    "top_k=5": "TopK",
-    "top_p=0.9": "TopP",
-    "min_p=0.1": "MinP",
-    "typical_p=0.9": "TypicalP",
-    "repetition_penalty=1.2,top_k=5,temperature=0.7": "TopK, Temperature",
-    "sample": "SampleTerminal",
+    "temperature=0.7": "temperature",
+    "top_k=5": "top-k",
+    "top_p=0.9": "top-p",
+    "min_p=0.1": "min-p",
+    "typical_p=0.9": "typical-p",
+    "repetition_penalty=1.2,top_k=5,temperature=0.7": "top-k, temperature",
+    "sample": "sample",
 }
 
 
