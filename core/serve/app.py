@@ -346,6 +346,10 @@ def create_app(
                         item["text"] = event.text
                     item["logprobs"] = shown(list(event.logprobs)) if event.logprobs is not None else None
                     extension = {"tokens": len(event.tokens), "drafted": event.drafted}
+                    if event.drafted:  # how much of the text the drafted tokens wrote (they come first)
+                        extension["drafted_chars"] = min(
+                            len(event.text), len(tokenizer.decode(event.tokens[: event.drafted]))
+                        )
                     yield chunk([item], decoctl=extension)
                 else:
                     finished.append(event)
@@ -397,7 +401,12 @@ def create_app(
 
     async def models(request: Request) -> Response:
         authorised(request)
-        entry = {"id": model_name, "object": "model", "created": created, "owned_by": "decoctl"}
+        about = {
+            "roles": sorted(engine.models),
+            "controllers": sorted(engine.registry.controllers()),
+            "chat_template": chat_template is not None,
+        }
+        entry = {"id": model_name, "object": "model", "created": created, "owned_by": "decoctl", "decoctl": about}
         return JSONResponse({"object": "list", "data": [entry]})
 
     async def health(request: Request) -> Response:
