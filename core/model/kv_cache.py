@@ -157,6 +157,11 @@ class KVCache(abc.ABC):
     #: the ring-cache layers' bookkeeping (decoctl.model.ring_cache), None where the model keeps none
     rings: RingLayers | None = None
 
+    @property
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Bytes of KV memory this cache holds (ring caches' spills included)."""
+
     @abc.abstractmethod
     def bind(self, binding: ort.IOBinding, n: int) -> None:
         """Bind past (``length`` positions) and present (``length + n``) before a run over n new tokens."""
@@ -224,6 +229,11 @@ class SharedKVCache(KVCache):
             assert spills is not None
             self.rings = ring_groups(rings, max_length, {r.layer: buffers[r.layer] for r in rings}, spills)
 
+    @property
+    def nbytes(self) -> int:
+        spills = [] if self.rings is None else [s for g in self.rings.groups for s in g.spills]
+        return sum(b.nbytes for pair in self._buffers for b in pair) + sum(s.nbytes for s in spills)
+
     def bind(self, binding: ort.IOBinding, n: int) -> None:
         if self.rings is not None:
             self.rings.before_run(self.length, n)
@@ -270,6 +280,10 @@ class ConcatKVCache(KVCache):
             for layer in range(spec.num_layers)
             for past, present in zip(spec.past_names(layer), spec.present_names(layer), strict=True)
         ]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in (*self._past, *self._present))
 
     @staticmethod
     def row_bytes(spec: ModelSpec, dtype: np.dtype[Any], max_length: int) -> int:
