@@ -20,7 +20,10 @@ pairs of positions 0..S-1 (S <= L-1), every one built from the target's own feat
 and the controller keeps the target's features of positions S..L-2 with their tokens (the *backlog*) for it. Before
 the head drafts it *catches up*: it drops what it guessed since S and is fed the backlog in one forward (in chunks of
 the host's prefill_chunk); its last row (the *root*) predicts c_L, and its predicted feature f_{L-1}' is where
-drafting starts. A step that drafts nothing leaves the head alone, so a run that never drafts never runs it.
+drafting starts. A backlog longer than ``catch_up_most`` (32) is fed its latest pairs only, after the ones the head
+holds: the target's features carry the context before them, and so resuming after a long run of plain steps (or
+drafting first after a long prompt) costs a bounded head forward. A step that drafts nothing leaves the head alone, so
+a run that never drafts never runs it.
 
 One step:
 1. Choose how much to draft. Chain: the draft-length rule (decoctl.draft_length, options adaptive, length_rule,
@@ -114,6 +117,15 @@ OPTIONS = (
         "drafts at least 1)",
     ),
     Option(name="k_max", type="int", default=8, minimum=1, maximum=64, help="adaptive chain: the most drafted"),
+    Option(
+        name="catch_up_most",
+        type="int",
+        default=32,
+        minimum=0,
+        help="feed the head at most this many of the pairs it missed when it catches up (the latest; the target's "
+        "features carry the context before them), so resuming after a long pause, the prompt included, costs a "
+        "bounded head forward; 0: every pair",
+    ),
     Option(
         name="confidence",
         type="float",
@@ -226,6 +238,7 @@ class Eagle:
         self.sampling = bool(options["sampling"])
         self.temperature = float(options["temperature"])
         self.clock = clock
+        self.catch_up_most = int(options["catch_up_most"])
         self.verifier = Verifier(sampling=self.sampling, temperature=self.temperature)
         self._reset()
 
@@ -319,7 +332,7 @@ class Eagle:
         assert self.length is not None  # every chain controller has its rule
         clock = self.clock
         began = clock()
-        k = self.length.choose(bucket=0, cap=self._chain_room(host), backlog=self._backlog)
+        k = self.length.choose(bucket=0, cap=self._chain_room(host), backlog=self._catch_up_rows())
         rows = self.catch_up(host) if k else 0
         caught = clock()
         drafts, q, first = self._draft_chain(host, k) if k else ([], None, caught)
@@ -452,11 +465,17 @@ class Eagle:
         self._backlog_features.append(features)
         self._backlog += len(features)
 
+    def _catch_up_rows(self) -> int:
+        """The rows the next catch-up feeds: the backlog, or its latest ``catch_up_most`` pairs."""
+        return min(self._backlog, self.catch_up_most) if self.catch_up_most else self._backlog
+
     def catch_up(self, host: Host) -> int:
         """Bring the head up to the committed context now (a step does it before it drafts): drop what it guessed
         since its last catch-up and feed it the backlog, pairs of true features and the tokens after them, in one
-        forward (chunks of the host's prefill_chunk); its last row becomes the root. Returns the rows fed."""
-        rows = self._backlog
+        forward (chunks of the host's prefill_chunk); its last row becomes the root. Of a backlog longer than
+        ``catch_up_most`` only the latest pairs are fed (the head's positions go on after the ones it holds).
+        Returns the rows fed."""
+        rows = self._catch_up_rows()
         if not rows:
             return 0
         head = host[HEAD]
@@ -464,7 +483,7 @@ class Eagle:
         tokens, features = self._backlog_tokens, self._backlog_features
         if len(tokens) > 1:
             tokens, features = [np.concatenate(tokens)], [np.concatenate(features)]
-        head.prefill(tokens[0], host.prefill_chunk, features=features[0])
+        head.prefill(tokens[0][-rows:], host.prefill_chunk, features=features[0][-rows:])
         self._backlog_tokens, self._backlog_features, self._backlog = [], [], 0
         self._synced = head.length
         self.catch_ups += 1

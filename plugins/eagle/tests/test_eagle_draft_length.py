@@ -94,3 +94,38 @@ def test_the_cost_rule_gives_greedys_tokens_on_the_demo_model(controller: str, d
         assert first_divergence_is_a_tie(path, baseline.tokenizer.encode(prompt), expected, got), prompt
         ties += expected != got
     assert ties <= 1
+
+
+def test_where_multi_token_forwards_are_dear_a_rejected_head_falls_back_to_plain_steps(
+    target: Path, random_head: Path, costed: PluginRegistry
+) -> None:
+    baseline = Generator({"target": target}, "greedy", registry=costed, threads=1)
+    eagle = Generator({"target": target, "eagle": random_head}, "eagle-dear-verify", registry=costed, threads=1)
+    for prompt in PROMPTS[:2]:
+        result = eagle.generate(prompt, max_new_tokens=48)
+        expected = baseline.generate(prompt, max_new_tokens=48).tokens
+        assert first_divergence_is_a_tie(target, baseline.tokenizer.encode(prompt), expected, result.tokens), prompt
+        stats = result.stats.controller
+        assert stats["k_chosen"][0] >= 36, stats["k_chosen"]  # a few drafting steps to learn, then plain ones
+        assert stats["catch_ups"] <= 10
+
+
+def test_a_long_backlog_is_caught_up_on_its_latest_pairs(
+    target: Path, mimic_head: Path, costed: PluginRegistry
+) -> None:
+    prompt = "import os\nimport sys\n" * 8
+
+    def caught_up(most: int) -> tuple[int, int, int]:
+        result = Generator(
+            {"target": target, "eagle": mimic_head},
+            "eagle-cheap-head",
+            options={"catch_up_most": most},
+            registry=costed,
+        ).generate(prompt, max_new_tokens=8)
+        stats = result.stats.controller
+        return stats["caught_up_rows"], stats["catch_ups"], result.stats.prompt_tokens
+
+    rows, catch_ups, prompt_tokens = caught_up(4)
+    assert catch_ups >= 1 and rows <= 4 * catch_ups  # the prompt's pairs and the first steps' too: the latest 4
+    rows, _, _ = caught_up(0)
+    assert rows >= prompt_tokens - 1 + 2  # every pair: the prompt's and the two plain steps'
