@@ -25,12 +25,14 @@ from decoctl.testing import build_genai_model, reference_logits
 
 ATOL = 1e-4
 WINDOW = 4
+#: the windows the property tests run on: a window below the slack's size and one above it
+WINDOWS = (WINDOW, 7)
 SLACK = 2
 EXAMPLES = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-def build_pair(root: Path, *, tree_inputs: bool) -> tuple[Path, Path]:
-    common = {"seed": 21, "num_layers": 3, "local_window_size": WINDOW, "tree_inputs": tree_inputs}
+def build_pair(root: Path, *, tree_inputs: bool, window: int = WINDOW) -> tuple[Path, Path]:
+    common = {"seed": 21, "num_layers": 3, "local_window_size": window, "tree_inputs": tree_inputs}
     ring = build_genai_model(root / "ring", ring_cache=True, **common)
     twin = build_genai_model(root / "twin", **common)
     return ring, twin
@@ -46,6 +48,13 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def tree_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The same with tree inputs (the loader widens the ring layers' kernel window by the slack)."""
     return build_pair(tmp_path_factory.mktemp("ring-tree"), tree_inputs=True)
+
+
+@pytest.fixture(scope="module", params=WINDOWS)
+def windowed_pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
+    """A ring model with tree inputs and its twin, per window of WINDOWS, and that window."""
+    window = request.param
+    return (*build_pair(tmp_path_factory.mktemp(f"ring-{window}"), tree_inputs=True, window=window), window)
 
 
 def ring_sequence(folder: Path, max_length: int = 96) -> Sequence:
@@ -97,20 +106,22 @@ def test_forwards_and_rewinds_within_the_slack_give_the_twins_logits(
 
 @EXAMPLES
 @given(data=st.data())
-def test_a_rewind_is_exact_or_refused_by_name_never_wrong(pair: tuple[Path, Path], data: st.DataObject) -> None:
-    ring, twin = pair
+def test_a_rewind_is_exact_or_refused_by_name_never_wrong(
+    windowed_pair: tuple[Path, Path, int], data: st.DataObject
+) -> None:
+    ring, twin, window = windowed_pair
     sequence = ring_sequence(ring)
     vocab = sequence.vocab_size
-    fed = tokens(data, vocab, 1, 4 * WINDOW, "prompt")
+    fed = tokens(data, vocab, 1, 4 * window, "prompt")
     sequence.forward(fed)
     for _ in range(data.draw(st.integers(1, 6), label="rounds")):
-        fed += tokens(data, vocab, 1, 2 * WINDOW, "fed")
+        fed += tokens(data, vocab, 1, 2 * window, "fed")
         sequence.forward(fed[sequence.length :])
         target = data.draw(st.integers(0, len(fed)), label="rewind to")
         try:
             sequence.rewind(target)
         except SequenceError as exc:
-            assert f"window {WINDOW}" in str(exc) and f"spill of {SLACK}" in str(exc)
+            assert f"window {window}" in str(exc) and f"spill of {SLACK}" in str(exc)
             assert sequence.length == len(fed)  # refused: nothing changed
             continue
         fed = fed[:target]
@@ -150,12 +161,12 @@ def test_the_resident_count_follows_onnxruntimes_documented_layout() -> None:
 @EXAMPLES
 @given(data=st.data())
 def test_every_tree_row_equals_a_plain_forward_of_its_path_on_ring_layers(
-    tree_pair: tuple[Path, Path], data: st.DataObject
+    windowed_pair: tuple[Path, Path, int], data: st.DataObject
 ) -> None:
-    ring, twin = tree_pair
+    ring, twin, window = windowed_pair
     sequence = ring_sequence(ring)
     vocab = sequence.vocab_size
-    prefix = tokens(data, vocab, 1, 5 * WINDOW, "prefix")
+    prefix = tokens(data, vocab, 1, 5 * window, "prefix")
     size = data.draw(st.integers(1, SLACK + 1), label="tree size")
     parents = [data.draw(st.integers(-1, i - 1), label="parent") for i in range(size)]
     nodes = tokens(data, vocab, size, size, "tree tokens")
