@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import numbers
 import os
 from pathlib import Path
@@ -109,6 +110,7 @@ def load_model(
     windowed = _window_in_bias(spec, source, ring_slack) if source is not None else None
     graph = windowed.model if windowed else rewritten.model if rewritten else None
     rings = _ring_layers(spec, source, windowed, ring_slack)
+    _warn_if_window_dropped(spec, source)
     parts = spec.encoder_decoder
     others: tuple[ort.InferenceSession, ort.InferenceSession] | None = None
     with pages.contiguous_allocations() if huge_pages else contextlib.nullcontext():
@@ -294,6 +296,30 @@ def _ring_layers(
             )
         )
     return tuple(sorted(rings, key=lambda r: r.layer))
+
+
+def _warn_if_window_dropped(spec: ModelSpec, graph: bytes | None) -> None:
+    """Log where genai_config.json declares a sliding window that no attention node of the graph applies (the
+    builder exports Mistral that way): decoctl runs the graph as exported, which attends to the whole sequence
+    and so differs from the model past its window."""
+    config = spec.path / "genai_config.json"
+    if graph is None or not config.is_file():
+        return
+    try:
+        declared = json.loads(config.read_text(encoding="utf-8"))["model"]["decoder"]["sliding_window"]["window_size"]
+    except (KeyError, TypeError, ValueError):
+        return
+    if isinstance(declared, int) and declared > 0 and not window_bias.has_window(graph):
+        log.warning(
+            "decoctl.window_not_in_graph",
+            model=str(spec.path),
+            window=declared,
+            hint=(
+                f"genai_config.json declares a sliding window of {declared} but no attention node applies one: the "
+                f"graph attends to the whole sequence and its tokens differ from the model's past {declared} "
+                "tokens; export it again with an exporter that writes the window"
+            ),
+        )
 
 
 def _window_in_bias(spec: ModelSpec, graph: bytes, ring_slack: int) -> window_bias.Rewritten | None:

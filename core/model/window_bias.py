@@ -29,7 +29,7 @@ import attrs
 
 from decoctl.model import protowire as pw
 
-__all__ = ["Kept", "Rewritten", "WindowBias", "rewrite", "ring_windows"]
+__all__ = ["Kept", "Rewritten", "WindowBias", "has_window", "rewrite", "ring_windows"]
 
 # ModelProto.graph; GraphProto.node / input; NodeProto.input / output / op_type / attribute / domain;
 # AttributeProto.name / i; ValueInfoProto.name (field numbers from onnx.proto)
@@ -109,6 +109,18 @@ class _Node:
 
     def input(self, slot: int) -> str:
         return self.inputs[slot] if len(self.inputs) > slot else ""
+
+
+def has_window(model: bytes) -> bool:
+    """Whether any GroupQueryAttention node of the graph has a sliding window."""
+    graphs = [f for f in pw.fields(model) if f.number == _MODEL_GRAPH]
+    for graph in graphs:
+        for field in pw.fields(graph.payload):
+            if field.number == _GRAPH_NODE:
+                node = _Node.parse(field)
+                if node.op_type == _GQA and (node.window or 0) > 0:
+                    return True
+    return False
 
 
 def ring_windows(model: bytes) -> dict[str, int]:
