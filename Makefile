@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 PROMPT ?= def fibonacci(n):
 
-.PHONY: setup setup-test demo test test-exports lint bench real-model-bench eagle-demo encdec-demo clean
+.PHONY: setup setup-test demo test test-exports test-page lint bench real-model-bench eagle-demo encdec-demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,12 @@ $(EXPORTS_VENV)/.installed: pyproject.toml setup.py
 test-exports: $(EXPORTS_VENV)/.installed
 	$(EXPORTS_VENV)/bin/python -m pytest -q tests/exports tests/encdec/test_optimum_seq2seq.py \
 		tests/encdec/test_bench_transformers.py
+
+# the server's chat page in headless Chromium through Playwright (opt-in, not CI): Debian's chromium, not a download
+test-page: $(TEST_STAMP)
+	$(PIP) -e '.[test-page]'
+	@test -x /usr/bin/chromium || { echo "make test-page needs Debian's chromium: apt-get install -y chromium"; exit 1; }
+	$(BIN)/python -m pytest -q -m page tests/serve/test_page.py
 
 # the encoder-decoder demo pair (docs/BENCHMARKS.md, "Encoder-decoder models"): trained here on one thread and
 # exported with optimum-onnx in the test-exports environment; run it again after an interruption to go on
