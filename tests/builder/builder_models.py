@@ -178,3 +178,19 @@ def gemma2(root: Path) -> Export:
     torch.manual_seed(4)
     config = transformers.Gemma2Config(num_hidden_layers=3, sliding_window=WINDOW, head_dim=16, **DIMS)
     return export(root, transformers.Gemma2ForCausalLM(config).eval(), eos=(EOS_TOKEN_ID,))
+
+
+def gpt_oss(root: Path) -> Export:
+    """gpt-oss: alternating sliding-window (16) and full layers, attention sinks and a mixture of experts; the
+    builder's default export keeps ring caches on the windowed layers."""
+    require_builder()
+    import torch
+    import transformers
+
+    if not hasattr(transformers, "GptOssForCausalLM"):
+        pytest.skip(f"transformers {transformers.__version__} has no gpt-oss")
+    torch.manual_seed(5)
+    config = transformers.GptOssConfig(
+        num_hidden_layers=2, sliding_window=WINDOW, head_dim=16, num_local_experts=4, num_experts_per_tok=2, **DIMS
+    )
+    return export(root, transformers.GptOssForCausalLM(config).eval(), eos=(EOS_TOKEN_ID,))

@@ -25,3 +25,8 @@ def lfm2(tmp_path_factory: pytest.TempPathFactory) -> Export:
 @pytest.fixture(scope="session")
 def gemma2(tmp_path_factory: pytest.TempPathFactory) -> Export:
     return builder_models.gemma2(tmp_path_factory.mktemp("builder-gemma2"))
+
+
+@pytest.fixture(scope="session")
+def gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Export:
+    return builder_models.gpt_oss(tmp_path_factory.mktemp("builder-gpt-oss"))

@@ -1,7 +1,7 @@
-"""onnxruntime-genai's default export of a windowed model (Gemma 2, window 16): its sliding-window layers keep
-window-sized ring caches (GroupQueryAttention's sliding_window_cache=1). It loads, runs past the window and past
-evictions with transformers' greedy tokens, rewinds exactly, and takes trees after enable-tree; every drafting
-strategy gives greedy's tokens."""
+"""onnxruntime-genai's default export of windowed models (Gemma 2 and gpt-oss, window 16): their sliding-window
+layers keep window-sized ring caches (GroupQueryAttention's sliding_window_cache=1). They load, run past the window
+and past evictions with transformers' greedy tokens, rewind exactly, and take trees after enable-tree; every
+drafting strategy gives greedy's tokens."""
 
 from __future__ import annotations
 
@@ -35,12 +35,17 @@ def test_the_windowed_layers_load_as_ring_caches_and_the_dry_forward_runs(gemma2
     assert dry_forward(model).startswith("dry forward ok")
 
 
-def test_greedy_equals_transformers_past_the_window_and_its_evictions(gemma2: Export) -> None:
+@pytest.mark.parametrize("name", ["gemma2", "gpt_oss"])
+def test_greedy_equals_transformers_past_the_window_and_its_evictions(
+    name: str, request: pytest.FixtureRequest
+) -> None:
     from transformers import AutoModelForCausalLM
 
-    sequence = Sequence("target", load_model(gemma2.onnx, threads=1), max_length=256)
+    windowed: Export = request.getfixturevalue(name)
+    sequence = Sequence("target", load_model(windowed.onnx, threads=1), max_length=256)
+    assert sequence.model.capabilities.rings  # the windowed layers keep ring caches
     prompt = sequence.model.tokenizer.encode(PROMPT)
-    expected = greedy_continuation(AutoModelForCausalLM.from_pretrained(gemma2.hf).eval(), prompt, NEW_TOKENS)
+    expected = greedy_continuation(AutoModelForCausalLM.from_pretrained(windowed.hf).eval(), prompt, NEW_TOKENS)
 
     greedy = [int(np.argmax(sequence.forward(prompt)[-1]))]  # no EOS: every step runs, past every eviction
     while len(greedy) < NEW_TOKENS:
