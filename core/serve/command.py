@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -122,14 +123,25 @@ def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
     api_key = args.api_key or os.environ.get("DECOCTL_API_KEY") or None
     name = args.name or target.name
     app = create_app(engine, model_name=name, chat_template=template, api_key=api_key)
+    # the socket is bound here, so the address printed is the one bound (--port 0 picks a free port)
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}): pick another --port") from None
+    port = sock.getsockname()[1]
     chat = "with" if template is not None else "without"
     print(
         f"decoctl: serving {name} ({', '.join(sorted(models))}; {engine.max_rows} rows of {engine.max_length} "
-        f"positions; {chat} a chat template) on http://{args.host}:{args.port}",
+        f"positions; {chat} a chat template) on http://{args.host}:{port}",
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=30))
+    server.run(sockets=[sock])
     return 0
 
 

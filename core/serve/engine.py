@@ -239,6 +239,9 @@ class Engine:
             raise ConfigError(f"max_rows={max_rows} must be at least 1 and max_queue={max_queue} at least 0")
         self.models = dict(models)
         self.registry = registry or PluginRegistry()
+        # collected now, once: requests look them up from the server's threads and the engine's
+        self.registry.controllers()
+        self.registry.processors()
         self.max_rows = max_rows
         self.max_queue = max_queue
         self.prefill_chunk = prefill_chunk
