@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from decoctl.processing import LogitsProcessor, ProcessContext, ProcessorChain, bound_through
     from decoctl.resolve import resolve_model
     from decoctl.specs import CommandSpec, ControllerSpec, ModelBundle, Option, ProcessorSpec
+    from decoctl.transformers_processor import from_transformers
 
 __version__ = "0.1.0"
 
@@ -66,6 +67,7 @@ _EXPORTS = {
     **dict.fromkeys(("LogitsProcessor", "ProcessContext", "ProcessorChain", "bound_through"), "decoctl.processing"),
     "resolve_model": "decoctl.resolve",
     **dict.fromkeys(("CommandSpec", "ControllerSpec", "ModelBundle", "Option", "ProcessorSpec"), "decoctl.specs"),
+    "from_transformers": "decoctl.transformers_processor",
 }
 
 __all__ = [
@@ -98,6 +100,7 @@ __all__ = [
     "Sequence",
     "SequenceError",
     "bound_through",
+    "from_transformers",
     "generate",
     "hookimpl",
     "load_model",
