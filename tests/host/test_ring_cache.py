@@ -16,14 +16,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from decoctl import CapabilityError, SequenceError
+from decoctl import CapabilityError, Generator, SequenceError
 from decoctl.errors import ModelLoadError
 from decoctl.host import Sequence
 from decoctl.model import load_model
 from decoctl.model.kv_cache import describe_layers
 from decoctl.model.ring_cache import resident_count
+from decoctl.plugins import PluginRegistry
 from decoctl.rows import Rows
-from decoctl.testing import build_genai_model, reference_logits
+from decoctl.testing import build_eagle_head, build_genai_model, reference_logits
 
 ATOL = 1e-4
 WINDOW = 4
@@ -287,3 +288,40 @@ def test_a_window_the_config_declares_but_the_graph_drops_is_logged(tmp_path: Pa
 
     dropped = [e for e in events if e["event"] == "decoctl.window_not_in_graph"]
     assert [(e["log_level"], e["window"]) for e in dropped] == [("warning", 16)]
+
+
+@pytest.mark.parametrize(
+    ("controller", "options"),
+    [
+        ("eagle", {"drafting": "tree", "depth": 3, "topk": 2, "nodes": 6}),
+        ("eagle", {"drafting": "chain", "k": 3, "adaptive": False}),
+        ("lookahead", {}),
+    ],
+)
+def test_eagle_and_lookahead_trees_give_greedys_tokens_past_evictions(
+    tmp_path_factory: pytest.TempPathFactory, controller: str, options: dict[str, object]
+) -> None:
+    root = tmp_path_factory.mktemp("ring-eagle")
+    target = build_genai_model(
+        root / "target",
+        seed=3,
+        num_layers=2,
+        hidden_states=True,
+        tree_inputs=True,
+        local_window_size=WINDOW,
+        ring_cache=True,
+    )
+    head = build_eagle_head(root / "head", target, copy_layer=0, feature_mix=0.1, tree_inputs=True)
+    registry = PluginRegistry()
+    prompt = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1)\n"
+    greedy = Generator({"target": target}, "greedy", registry=registry, threads=1)
+    roles = {"target": target, "eagle": head} if controller == "eagle" else {"target": target}
+    drafting = Generator(roles, controller, options=options, registry=registry, threads=1)
+
+    expected = greedy.generate(prompt, max_new_tokens=160)  # past the ring's capacity: 4 + 64 for trees, + 64
+    result = drafting.generate(prompt, max_new_tokens=160)
+
+    assert list(result.tokens) == list(expected.tokens)
+    assert len(expected.tokens) + expected.stats.prompt_tokens > WINDOW + 2 * 64
+    if controller == "eagle":  # the head imitates the target: its drafts are accepted, across the evictions
+        assert result.stats.tokens_per_target_forward > 1.2
