@@ -76,3 +76,34 @@ def test_64_requests_from_16_clients_each_equal_their_offline_twin(client: Any, 
     assert [number for number in range(64) if answers[number] != expected[number]] == []
     engine: Any = live.engine
     assert engine.live_rows == 0 and engine.queued == 0  # every row came back
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (the server runs in it)."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def test_500_requests_leave_no_row_and_memory_flat(client: Any, live: Live) -> None:
+    def one(number: int) -> int:
+        spec = request(number)
+        spec.pop("kind")
+        extension = spec.pop("decoctl", None)
+        if "messages" in spec:
+            spec["prompt"] = "def mean(values):"
+            spec.pop("messages")
+        spec["max_tokens"] = 4
+        extra = {"extra_body": {"decoctl": extension}} if extension else {}
+        return int(client.completions.create(model=MODEL, **spec, **extra).usage.completion_tokens)
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(one, range(100))) == 400  # warm: buffers, plans, allocator arenas
+        warm = resident_bytes()
+        assert sum(pool.map(one, range(100, 500))) == 1600
+    grown = resident_bytes() - warm
+    engine: Any = live.engine
+    assert engine.live_rows == 0 and engine.queued == 0
+    assert grown < 16 << 20, f"resident memory grew by {grown >> 20} MiB over 400 requests"

@@ -167,3 +167,9 @@ def test_a_full_queue_is_a_429_with_retry_after(stalled: tuple[str, Any]) -> Non
     status, answer, headers = post(url + "/v1/completions", completion())
     assert status == 429 and int(headers["Retry-After"]) >= 1
     assert "--max-queue 1" in answer["error"]["message"]
+
+
+def test_logprobs_from_a_drafting_controller_are_refused_by_name(live: Live) -> None:
+    extension = {"controller": "speculative", "options": {"drafter": "prompt-lookup"}}
+    status, message = refused(live, completion(logprobs=2, decoctl=extension))
+    assert status == 400 and message.startswith("logprobs:") and "'speculative'" in message
