@@ -25,6 +25,7 @@ from decoctl.logs import LOGGER
 from decoctl.model.tokenizer import require_utf8
 from decoctl.plugins import BUILTIN_PLUGIN, PluginRegistry
 from decoctl.runfile import RunFile
+from decoctl.serve.bench import run_bench_serve
 from decoctl.serve.command import add_serve_parsers, run_chat, run_serve
 from decoctl.specs import CommandSpec
 
@@ -385,7 +386,7 @@ def _run_models_import(args: argparse.Namespace) -> int:
 
 
 #: the commands decoctl itself defines (a plugin's command may not take one of these names)
-BUILTIN_COMMANDS = ("generate", "plugins", "models", "bench", "serve", "chat")
+BUILTIN_COMMANDS = ("generate", "plugins", "models", "bench", "serve", "chat", "bench-serve")
 
 
 def build_parser(
@@ -497,6 +498,7 @@ def _command(args: argparse.Namespace, registry: PluginRegistry) -> int:
         "bench": run_bench,
         "serve": run_serve,
         "chat": run_chat,
+        "bench-serve": run_bench_serve,
     }
     return commands[args.command](args, registry)
 

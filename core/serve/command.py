@@ -43,7 +43,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_serve_parsers(commands: Any) -> None:
-    """The ``serve`` and ``chat`` subcommands."""
+    """The ``serve``, ``chat`` and ``bench-serve`` subcommands."""
+    from decoctl.serve.bench import add_bench_serve_parser
+
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (needs pip install 'decoctl[serve]')")
     _add_model_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -64,6 +66,7 @@ def add_serve_parsers(commands: Any) -> None:
     chat.add_argument("--max-new-tokens", "-n", type=int, default=512, help="longest answer (default 512)")
     chat.add_argument("--seed", type=int, default=0)
     chat.add_argument("--system", help="a system message to start every conversation with")
+    add_bench_serve_parser(commands)
 
 
 def load_roles(args: argparse.Namespace, registry: PluginRegistry) -> dict[str, Any]:
