@@ -22,7 +22,7 @@ except ImportError as _missing:
     ) from _missing
 
 from decoctl.testing.eagle import build_eagle_head, write_eagle_head
-from decoctl.testing.greedy import TIE_GAP, first_divergence_is_a_tie
+from decoctl.testing.greedy import TIE_GAP, assert_greedys_tokens, first_divergence_is_a_tie
 from decoctl.testing.models import (
     build_genai_model,
     build_optimum_model,
@@ -44,6 +44,7 @@ __all__ = [
     "PAD_TOKEN_ID",
     "SPECIAL_TOKENS",
     "TIE_GAP",
+    "assert_greedys_tokens",
     "build_eagle_head",
     "build_genai_model",
     "build_optimum_model",

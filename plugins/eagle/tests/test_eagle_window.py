@@ -46,7 +46,15 @@ def test_eagle_trees_are_greedy_past_the_window(
     baseline = Generator({"target": windowed_target}, "greedy", registry=registry, threads=1)
     roles = {"target": windowed_target, "eagle": windowed_head}
     eagle = Generator(roles, "eagle", options=options, registry=registry, threads=1)
+    drafted = accepted = 0
     for prompt in PROMPTS:
         expected = baseline.generate(prompt, max_new_tokens=40).tokens
-        assert eagle.generate(prompt, max_new_tokens=40).tokens == expected, prompt
-    assert eagle.last.stats.trace  # the run went through the tree path (stats recorded)
+        result = eagle.generate(prompt, max_new_tokens=40)
+        assert result.tokens == expected, prompt
+        assert result.stats.controller["drafting"] == "tree"
+        drafted += result.stats.controller["drafted"]
+        accepted += result.stats.controller["accepted"]
+    # trees were verified past the window, and some of their tokens accepted: the exactness above was tested on
+    # tree rows, not only on plain steps
+    assert drafted > 0
+    assert accepted > 0

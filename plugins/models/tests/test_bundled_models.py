@@ -15,7 +15,7 @@ import pytest
 from decoctl import Generator
 from decoctl.model import load_model
 from decoctl.plugins import PluginRegistry
-from decoctl.testing import first_divergence_is_a_tie
+from decoctl.testing import assert_greedys_tokens
 
 pytestmark = pytest.mark.demo
 
@@ -71,16 +71,10 @@ def _parses(source: str) -> bool:
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
-def test_each_strategy_gives_greedys_tokens_on_the_bundled_models(strategy: str, models: dict[str, Any]) -> None:
+def test_each_strategy_gives_greedys_tokens_on_the_bundled_models(strategy: str) -> None:
     controller, options = STRATEGIES[strategy]
     baseline = Generator({"target": "pycode"}, "greedy", threads=1)
     fast = Generator({"target": "pycode"}, controller, options=options, threads=1)
-    ties = 0
-    for prompt in PROMPTS:
-        expected = baseline.generate(prompt, max_new_tokens=64).tokens
-        result = fast.generate(prompt, max_new_tokens=64)
-        ids = baseline.tokenizer.encode(prompt)
-        assert first_divergence_is_a_tie(models["pycode"].path, ids, expected, result.tokens), prompt
-        ties += expected != result.tokens
-    assert ties <= 1
-    assert result.stats.forwards["target"] < len(result.tokens)  # the real draft is accepted, not just tolerated
+    results = assert_greedys_tokens(baseline, fast, PROMPTS, max_new_tokens=64)
+    # the real draft is accepted, not just tolerated (over the prompts: the cost rule may not draft on one of them)
+    assert sum(r.stats.forwards["target"] for r in results) < sum(len(r.tokens) for r in results)
