@@ -53,7 +53,11 @@ def add_serve_parsers(commands: Any) -> None:
     serve.add_argument("--max-rows", type=int, default=8, help="completions running at once (rows of the KV buffer)")
     serve.add_argument("--max-queue", type=int, default=64, help="requests waiting for rows; more get 429")
     serve.add_argument("--max-length", type=int, help="positions per row, prompt and completion (default: the model's)")
-    serve.add_argument("--prefill-chunk", type=int, help="feed prompts this many tokens per forward")
+    serve.add_argument(
+        "--prefill-chunk",
+        type=int,
+        help="feed prompts this many tokens an engine step, so a long prompt delays the other rows by one chunk",
+    )
     serve.add_argument(
         "--api-key", help="require 'Authorization: Bearer KEY' on /v1/ (default: $DECOCTL_API_KEY, else none)"
     )

@@ -9,7 +9,8 @@ engine.close()                                                                  
 Each iteration of the engine's loop (decoctl.batch's loop, with rows that come and go):
 1. completions whose client left are ended and their rows freed;
 2. waiting requests are admitted while rows are free (each completion prefilled into a row of its own, a Host,
-   controller and logits chain of its own over it);
+   controller and logits chain of its own over it); with ``prefill_chunk`` a long prompt is fed a chunk a step, so
+   the other rows keep decoding meanwhile;
 3. each completion advances one step: a controller that can step one row among many (``ControllerSpec.batched``,
    a RowController: greedy, sample) picks its next token from its row's logits and the engine commits it; any other
    controller (a drafting one: speculative, lookahead, EAGLE) runs its own step on its row, verifying in its own
@@ -203,6 +204,8 @@ class _Slot:
     drafted_now: int = 0
     drafted: int = 0
     forwards_at_decode: int = 0
+    #: the prompt tokens still to prefill, a chunk an engine step (with the engine's prefill_chunk); None once in
+    prompt: np.ndarray | None = None
 
 
 class Engine:
@@ -213,7 +216,8 @@ class Engine:
     :param max_rows: rows of the target's KV buffer: completions that run at once.
     :param max_queue: requests that may wait for rows; one more is refused with QueueFullError.
     :param max_length: positions of each row (default: the model's).
-    :param prefill_chunk: feed prompts in chunks of this many tokens.
+    :param prefill_chunk: feed prompts in chunks of this many tokens, one chunk an engine step, so that a long prompt
+        delays the other rows' next token by one chunk's forward at most (None: a prompt whole, when admitted).
     """
 
     def __init__(
@@ -423,6 +427,12 @@ class Engine:
         for row, slot in list(self._slots.items()):
             if self._slots.get(row) is not slot:  # ended with another completion of its request
                 continue
+            if slot.prompt is not None:
+                try:
+                    self._prefill(slot)
+                except Exception as exc:
+                    self._fail_request(slot.handle, exc)
+                continue
             try:
                 token = self._advance(slot)
             except Exception as exc:
@@ -534,14 +544,29 @@ class Engine:
             roles=roles,
             started=time.perf_counter(),
         )
+        if self.prefill_chunk is not None and len(ids) > self.prefill_chunk:
+            slot.prompt = ids  # fed a chunk an engine step (_prefill)
+            return slot
         try:
-            target.prefill(ids, self.prefill_chunk)
+            target.prefill(ids)
             controller.start(host)
         except BaseException:
             self._release(slot)
             raise
         slot.forwards_at_decode = target.stats.forwards
         return slot
+
+    def _prefill(self, slot: _Slot) -> None:
+        """Feed the next chunk of a completion's prompt; after the last, start its controller."""
+        assert slot.prompt is not None and self.prefill_chunk is not None
+        target = slot.host.target
+        done = target.length
+        target.prefill(slot.prompt[done : done + self.prefill_chunk])
+        if target.length < len(slot.prompt):
+            return
+        slot.prompt = None
+        slot.controller.start(slot.host)
+        slot.forwards_at_decode = target.stats.forwards
 
     def _sequence(self, role: str) -> Sequence:
         spare = self._spare[role]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from decoctl import ControllerSpec, Generator, hookimpl, load_model
+from decoctl.chat_template import ChatPrompt
 from decoctl.serve.engine import Delta, Engine, EngineClosedError, EngineRequest, Failed, Finished
 
 from .conftest import plugin_registry
@@ -148,3 +149,29 @@ def test_n_completions_share_a_request_and_draw_their_own_streams(engine: Engine
     offline = Generator({"target": engine.models["target"]}, "sample", options={"n": 3}, registry=engine.registry)
     expected = offline.generate("class A:", max_new_tokens=12, seed=4)
     assert [f.tokens for f in finished] == [c.tokens for c in expected.completions]
+
+
+def test_a_long_prompt_prefills_a_chunk_a_step_while_other_rows_decode(tiny_model: Path) -> None:
+    registry = plugin_registry()
+    engine = Engine({"target": load_model(tiny_model)}, registry=registry, max_rows=2, prefill_chunk=4)
+    events: queue.Queue[tuple[str, Any]] = queue.Queue()
+    short, long = ids(engine, "x = 1"), ids(engine, "def read_lines(path, encoding):\n    with open(path) as f:")
+    assert len(short) <= 4 < 24 < len(long)
+    engine.submit(EngineRequest(ids=short, max_new_tokens=30), lambda e: events.put(("short", e)))
+    engine.submit(EngineRequest(ids=long, max_new_tokens=5), lambda e: events.put(("long", e)))
+    engine.start()
+    order: list[str] = []
+    finished: dict[str, Finished] = {}
+    while len(finished) < 2:
+        who, event = events.get(timeout=120)
+        if isinstance(event, Delta):
+            order.extend([who] * len(event.tokens))
+        if isinstance(event, Finished):
+            finished[who] = event
+    engine.close()
+    chunks = -(-len(long) // 4)
+    # the short prompt's tokens came one a step while the long one was fed a chunk a step
+    assert order.index("long") >= chunks - 1
+    offline = Generator({"target": engine.models["target"]}, "greedy", registry=registry, prefill_chunk=4)
+    prompt = ChatPrompt(engine.models["target"].tokenizer.decode(long), long)  # these ids exactly
+    assert finished["long"].tokens == offline.generate(prompt, max_new_tokens=5).tokens
