@@ -53,6 +53,8 @@ log = get_logger(__name__)
 
 #: what a client waits before retrying a request the full queue refused (Retry-After)
 RETRY_AFTER_SECONDS = 1
+#: the largest request body read (a chat of about a million words): more is refused (413) before it is kept
+MAX_BODY_BYTES = 8 << 20
 
 
 class _Refusal(Exception):
@@ -112,7 +114,13 @@ def create_app(
 
     async def parsed(request: Request, shape: type[CompletionRequest] | type[ChatRequest]) -> Any:
         authorised(request)
-        body = await request.body()
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise _Refusal(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB: send a shorter prompt")
+            chunks.append(chunk)
+        body = b"".join(chunks)
         try:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:

@@ -415,7 +415,21 @@ class Engine:
             try:
                 self._iteration()
             except Exception as exc:  # a failure outside one completion's step: fail every live request
-                self._fail_all(exc)
+                try:
+                    self._fail_all(exc)
+                except Exception as fatal:  # the rows cannot be reset: stop, failing whatever waits
+                    self._stop(fatal)
+                    return
+
+    def _stop(self, exc: Exception) -> None:
+        """The engine cannot go on: it takes no more requests and fails the waiting ones."""
+        log.error("decoctl.serve.engine_stopped", error=f"{type(exc).__name__}: {exc}")
+        with self._wake:
+            self._closing = True
+            waiting = list(self._queue)
+            self._queue.clear()
+        for handle in waiting:
+            handle._emit(Failed(message="the server's engine stopped: retry on another replica"))
 
     def _iteration(self) -> None:
         for slot in list(self._slots.values()):

@@ -173,3 +173,15 @@ def test_logprobs_from_a_drafting_controller_are_refused_by_name(live: Live) -> 
     extension = {"controller": "speculative", "options": {"drafter": "prompt-lookup"}}
     status, message = refused(live, completion(logprobs=2, decoctl=extension))
     assert status == 400 and message.startswith("logprobs:") and "'speculative'" in message
+
+
+def test_a_body_over_the_limit_is_a_413(live: Live) -> None:
+    from decoctl.serve.app import MAX_BODY_BYTES
+
+    status, message = refused(live, completion(prompt="x" * (MAX_BODY_BYTES + 1)))
+    assert status == 413 and "MiB" in message
+
+
+def test_echo_is_refused_by_name(live: Live) -> None:
+    status, message = refused(live, completion(echo=True))
+    assert status == 400 and "'echo'" in message and "not supported" in message
