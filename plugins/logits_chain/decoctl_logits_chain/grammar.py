@@ -82,6 +82,16 @@ class Grammar(Processor):
         self._committed = []
         self._matcher = None
 
+    def clone(self) -> Grammar:
+        """``LogitsProcessor.clone``: the same grammar for another sequence, at the same point of it. The compiled
+        grammar and the initial matcher are shared (they are only ever copied from); the committed tokens and the
+        matcher are its own."""
+        twin = Grammar.__new__(Grammar)
+        twin.__dict__.update(self.__dict__)
+        twin._committed = list(self._committed)
+        twin._matcher = None if self._matcher is None else self._matcher.deep_copy()
+        return twin
+
     def commit(self, tokens: Sequence[int]) -> None:
         start = len(self._committed)
         self._committed.extend(int(t) for t in tokens)

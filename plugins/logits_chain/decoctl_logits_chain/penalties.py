@@ -16,6 +16,7 @@ one take several each. Every other call runs the members one by one.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,6 +75,12 @@ class _Prefixed(Processor):
     def commit(self, tokens: Sequence[int]) -> None:
         if self.record is not None:
             self.record.commit(tokens)
+
+    def clone(self) -> _Prefixed:
+        """``LogitsProcessor.clone``: the same processor for another sequence, with a record of its own. The record
+        is all its state, so a deep copy is the clone; a chain built over clones fuses them again, so a run's joint
+        record is new too."""
+        return copy.deepcopy(self)
 
     def masked(self, context: ProcessContext) -> Sequence[int]:
         raise NotImplementedError
