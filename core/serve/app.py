@@ -17,7 +17,7 @@ import importlib.resources
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -44,7 +44,28 @@ from decoctl.serve.engine import (
     TokenLogprob,
 )
 from decoctl.serve.metrics import CONTENT_TYPE_LATEST, Metrics
-from decoctl.serve.protocol import ChatRequest, CompletionRequest, error_body, validation_message
+from decoctl.serve.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunk,
+    ChatChunkChoice,
+    ChatDelta,
+    ChatLogprobs,
+    ChatRequest,
+    ChatResponse,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    DecoctlDelta,
+    DecoctlStats,
+    TopLogprob,
+    Usage,
+    error_body,
+    validation_message,
+)
+from decoctl.serve.protocol import TokenLogprob as ChatTokenLogprob
 from decoctl.serve.translate import choice_for
 
 __all__ = ["create_app"]
@@ -226,45 +247,48 @@ def create_app(
             watcher.cancel()
             submitted.cancel()  # a no-op for finished requests; frees the rows of a stream left early
 
-    def usage(finished: list[Finished], prompts: list[tuple[int, ...]]) -> dict[str, int]:
+    def usage(finished: list[Finished], prompts: list[tuple[int, ...]]) -> Usage:
         prompt = sum(len(ids) for ids in prompts)
         completion = sum(len(f.tokens) for f in finished)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
-    def stats(finished: list[Finished], controller: str) -> dict[str, Any]:
+    def stats(finished: list[Finished], controller: str) -> DecoctlStats:
         tokens = sum(len(f.tokens) for f in finished)
         forwards = sum(f.target_forwards for f in finished)
-        return {
-            "controller": controller,
-            "target_forwards": forwards,
-            "drafted_tokens": sum(f.drafted for f in finished),
-            "tokens_per_target_forward": round(tokens / forwards, 4) if forwards else float(tokens),
-        }
+        return DecoctlStats(
+            controller=controller,
+            target_forwards=forwards,
+            drafted_tokens=sum(f.drafted for f in finished),
+            tokens_per_target_forward=round(tokens / forwards, 4) if forwards else float(tokens),
+        )
 
     def token_text(token: int) -> str:
         text: str = tokenizer.decode([token])
         return text
 
-    def completion_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
+    def completion_logprobs(items: Sequence[TokenLogprob]) -> CompletionLogprobs:
         offsets, at = [], 0
         for item in items:
             offsets.append(at)
             at += len(token_text(item.token))
-        return {
-            "tokens": [token_text(i.token) for i in items],
-            "token_logprobs": [i.logprob for i in items],
-            "top_logprobs": [{token_text(t): lp for t, lp in i.top} for i in items],
-            "text_offset": offsets,
-        }
+        return CompletionLogprobs(
+            tokens=[token_text(i.token) for i in items],
+            token_logprobs=[i.logprob for i in items],
+            top_logprobs=[{token_text(t): lp for t, lp in i.top} for i in items],
+            text_offset=offsets,
+        )
 
-    def chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
-        def entry(token: int, logprob: float) -> dict[str, Any]:
+    def chat_logprobs(items: Sequence[TokenLogprob]) -> ChatLogprobs:
+        def top(token: int, logprob: float) -> TopLogprob:
             text = token_text(token)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+            return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
 
-        return {
-            "content": [{**entry(i.token, i.logprob), "top_logprobs": [entry(t, lp) for t, lp in i.top]} for i in items]
-        }
+        return ChatLogprobs(
+            content=[
+                ChatTokenLogprob(**top(i.token, i.logprob).model_dump(), top_logprobs=[top(t, lp) for t, lp in i.top])
+                for i in items
+            ]
+        )
 
     async def respond(
         request: Request,
@@ -276,12 +300,10 @@ def create_app(
     ) -> Response:
         submitted = submit(body, prompts, max_tokens, logprobs)
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        kind = "chat.completion" if chat else "text_completion"
-        shown = chat_logprobs if chat else completion_logprobs
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(
-                _sse(stream(request, submitted, ident, kind, shown, prompts, chat, logprobs, include_usage)),
+                _sse(stream(request, submitted, ident, prompts, chat, include_usage)),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -294,84 +316,102 @@ def create_app(
             else:
                 choices[index].finished = event
         finished = [c.finished for c in choices if c.finished is not None]
-        listed = []
-        for index, item in enumerate(choices):
-            assert item.finished is not None
-            text = "".join(item.text)
-            entry: dict[str, Any] = {"index": index, "finish_reason": item.finished.finish_reason}
-            if chat:
-                entry["message"] = {"role": "assistant", "content": text}
-            else:
-                entry["text"] = text
-            entry["logprobs"] = shown(item.logprobs) if logprobs is not None else None
-            listed.append(entry)
-        return JSONResponse(
-            {
-                "id": ident,
-                "object": kind,
-                "created": int(time.time()),
-                "model": model_name,
-                "choices": listed,
-                "usage": usage(finished, prompts),
-                "decoctl": stats(finished, submitted.controller),
-            }
-        )
+        common = {
+            "id": ident,
+            "created": int(time.time()),
+            "model": model_name,
+            "usage": usage(finished, prompts),
+            "decoctl": stats(finished, submitted.controller),
+        }
+        answer: CompletionResponse | ChatResponse
+        if chat:
+            answer = ChatResponse(
+                choices=[
+                    ChatChoice(
+                        index=index,
+                        message=AssistantMessage(content="".join(item.text)),
+                        finish_reason=_reason(item.finished),
+                        logprobs=chat_logprobs(item.logprobs) if logprobs is not None else None,
+                    )
+                    for index, item in enumerate(choices)
+                ],
+                **common,
+            )
+        else:
+            answer = CompletionResponse(
+                choices=[
+                    CompletionChoice(
+                        index=index,
+                        text="".join(item.text),
+                        finish_reason=_reason(item.finished),
+                        logprobs=completion_logprobs(item.logprobs) if logprobs is not None else None,
+                    )
+                    for index, item in enumerate(choices)
+                ],
+                **common,
+            )
+        return JSONResponse(answer.model_dump(mode="json"))
 
     async def stream(
         request: Request,
         submitted: _Submitted,
         ident: str,
-        kind: str,
-        shown: Callable[[list[TokenLogprob]], dict[str, Any]],
         prompts: list[tuple[int, ...]],
         chat: bool,
-        logprobs: int | None,
         include_usage: bool,
     ) -> AsyncIterator[dict[str, Any]]:
-        now = int(time.time())
-        chunk_kind = "chat.completion.chunk" if chat else kind
+        common = {"id": ident, "created": int(time.time()), "model": model_name}
 
-        def chunk(choices: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
-            return {"id": ident, "object": chunk_kind, "created": now, "model": model_name, "choices": choices, **more}
+        def chunk(
+            index: int | None,
+            text: str | None = None,
+            *,
+            finish: Finished | None = None,
+            role: bool = False,
+            logprobs: Sequence[TokenLogprob] | None = None,
+            **more: Any,
+        ) -> dict[str, Any]:
+            reason = None if finish is None else _reason(finish)
+            record: ChatChunk | CompletionChunk
+            if chat:
+                choices = []
+                if index is not None:
+                    delta = ChatDelta(role="assistant", content="") if role else ChatDelta(content=text)
+                    shown = chat_logprobs(logprobs) if logprobs is not None else None
+                    choices.append(ChatChunkChoice(index=index, delta=delta, finish_reason=reason, logprobs=shown))
+                record = ChatChunk(choices=choices, **common, **more)
+            else:
+                listed = []
+                if index is not None:
+                    given = completion_logprobs(logprobs) if logprobs is not None else None
+                    listed.append(CompletionChoice(index=index, text=text or "", finish_reason=reason, logprobs=given))
+                record = CompletionChunk(choices=listed, **common, **more)
+            return record.model_dump(mode="json", exclude_none=False)
 
         if chat:
-            yield chunk(
-                [
-                    {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-                    for i in range(submitted.choices)
-                ]
-            )
+            for index in range(submitted.choices):
+                yield chunk(index, role=True)
         finished: list[Finished] = []
         try:
             async for index, event in events_of(submitted, request):
                 if isinstance(event, Delta):
                     if not event.text and not event.tokens:
                         continue
-                    item: dict[str, Any] = {"index": index, "finish_reason": None}
-                    if chat:
-                        item["delta"] = {"content": event.text}
-                    else:
-                        item["text"] = event.text
-                    item["logprobs"] = shown(list(event.logprobs)) if event.logprobs is not None else None
-                    extension = {"tokens": len(event.tokens), "drafted": event.drafted}
+                    drafted_chars = 0
                     if event.drafted:  # how much of the text the drafted tokens wrote (they come first)
-                        extension["drafted_chars"] = min(
-                            len(event.text), len(tokenizer.decode(event.tokens[: event.drafted]))
-                        )
-                    yield chunk([item], decoctl=extension)
+                        drafted_chars = min(len(event.text), len(tokenizer.decode(event.tokens[: event.drafted])))
+                    extension = DecoctlDelta(
+                        tokens=len(event.tokens), drafted=event.drafted, drafted_chars=drafted_chars
+                    )
+                    yield chunk(index, event.text, logprobs=event.logprobs, decoctl=extension)
                 else:
                     finished.append(event)
-                    item = {"index": index, "finish_reason": event.finish_reason, "logprobs": None}
-                    if chat:
-                        item["delta"] = {}
-                    else:
-                        item["text"] = ""
-                    yield chunk([item], decoctl=stats([event], submitted.controller))
+                    yield chunk(index, None if chat else "", finish=event, decoctl=stats([event], submitted.controller))
         except _Refusal as refusal:
             yield refusal.body
             return
         if include_usage:
-            yield chunk([], usage=usage(finished, prompts))
+            yield chunk(None, usage=usage(finished, prompts))
 
     async def completions(request: Request) -> Response:
         body: CompletionRequest = await parsed(request, CompletionRequest)
@@ -474,6 +514,10 @@ def create_app(
     return Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found, Exception: not_found}
     )
+
+
+def _reason(finished: Finished | None) -> Any:
+    return None if finished is None else finished.finish_reason
 
 
 async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:

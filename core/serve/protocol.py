@@ -1,4 +1,5 @@
-"""OpenAI's request shapes as decoctl takes them, validated at the edge (pydantic), and its error shape.
+"""OpenAI's request and response shapes as decoctl takes and sends them, typed at the edge (pydantic), and its
+error shape.
 
 Every field OpenAI defines that decoctl supports is here; any other field is refused with a 400 naming it
 (``extra="forbid"``), never ignored. decoctl's own choices travel in one extension object, ``"decoctl"``:
@@ -179,3 +180,121 @@ def error_body(
 ) -> dict[str, Any]:
     """OpenAI's error shape."""
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+# -- responses: what the server sends, typed too (checked when built) ----------------------------------------------
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class Usage(_Out):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class DecoctlStats(_Out):
+    """What decoctl did for a response (or one finished choice of a stream)."""
+
+    controller: str
+    target_forwards: int
+    drafted_tokens: int
+    tokens_per_target_forward: float
+
+
+class DecoctlDelta(_Out):
+    """What one streamed chunk carries: its tokens, how many were drafted and accepted, and how many characters of
+    its text those drafted tokens wrote (they come first)."""
+
+    tokens: int
+    drafted: int
+    drafted_chars: int = 0
+
+
+class CompletionLogprobs(_Out):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class TopLogprob(_Out):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Out):
+    content: list[TokenLogprob]
+
+
+class CompletionChoice(_Out):
+    index: int
+    text: str
+    finish_reason: FinishReason | None
+    logprobs: CompletionLogprobs | None = None
+
+
+class AssistantMessage(_Out):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(_Out):
+    index: int
+    message: AssistantMessage
+    finish_reason: FinishReason | None
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatDelta(_Out):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(_Out):
+    index: int
+    delta: ChatDelta
+    finish_reason: FinishReason | None
+    logprobs: ChatLogprobs | None = None
+
+
+class _Response(_Out):
+    id: str
+    created: int
+    model: str
+
+
+class CompletionResponse(_Response):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    usage: Usage
+    decoctl: DecoctlStats
+
+
+class ChatResponse(_Response):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+    decoctl: DecoctlStats
+
+
+class CompletionChunk(_Response):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    decoctl: DecoctlDelta | DecoctlStats | None = None
+
+
+class ChatChunk(_Response):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    decoctl: DecoctlDelta | DecoctlStats | None = None
