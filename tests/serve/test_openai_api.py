@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from decoctl import Generator
+from decoctl.chat_template import ChatPrompt
 
 from .conftest import MODEL, Live
 
@@ -160,3 +161,19 @@ def test_chat_logprobs_come_with_top_logprobs(client: Any) -> None:
     for entry in content:  # greedy takes the most probable token
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
         assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+
+
+def test_a_list_of_prompts_gives_n_choices_each_in_prompt_order(client: Any, live: Live) -> None:
+    prompts = ["import os", "class A:"]
+    answer = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, n=2, temperature=0)
+    greedy = offline(live)
+    expected = [greedy.generate(p, max_new_tokens=6).text for p in prompts]
+    assert [c.index for c in answer.choices] == [0, 1, 2, 3]
+    assert [c.text for c in answer.choices] == [expected[0], expected[0], expected[1], expected[1]]
+
+
+def test_a_prompt_of_token_ids_is_taken_as_it_is(client: Any, live: Live) -> None:
+    ids = [5, 40, 41, 42]
+    answer = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0)
+    assert answer.usage.prompt_tokens == 4
+    assert answer.choices[0].text == offline(live).generate(ChatPrompt("", ids), max_new_tokens=6).text
