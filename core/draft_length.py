@@ -332,6 +332,9 @@ class CostAwareLength(DraftLength):
         self._draft_step: list[float] = [0.0, 0.0]  # [seconds, draft steps]
         self.chosen: dict[int, int] = {}
         self.gate = DraftGate()
+        #: bucket -> the backlog at which the cost model last chose 0, while no drafting step has been seen since:
+        #: plain steps only move the unit a little and a longer backlog only costs more, so the answer stands
+        self._zero_at: dict[int, int] = {}
 
     @property
     def probes(self) -> int:
@@ -342,7 +345,12 @@ class CostAwareLength(DraftLength):
         if high <= 0 or not self.gate.ready:
             # the first two steps verify no draft: they time the one-token forward every cost is priced in
             return 0
-        best = self._best(bucket, min(self.low, high), high, backlog)
+        if self.low == 0 and backlog >= self._zero_at.get(bucket, backlog + 1):
+            best = 0  # as the model last said: a plain step costs no pricing of every length
+        else:
+            best = self._best(bucket, min(self.low, high), high, backlog)
+            if not best:
+                self._zero_at[bucket] = backlog
         if self.low == 0:
             if not self.gate.drafts(wanted=best > 0):
                 best = 0
@@ -397,6 +405,7 @@ class CostAwareLength(DraftLength):
         )
         if drafted == 0:
             return
+        self._zero_at.clear()
         record = self._acceptance.setdefault(bucket, _Acceptance())
         record.accepted = ACCEPTANCE_DECAY * record.accepted + accepted
         record.rejected = ACCEPTANCE_DECAY * record.rejected + (accepted < drafted)

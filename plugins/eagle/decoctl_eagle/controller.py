@@ -387,7 +387,7 @@ class Eagle:
     def _chain_room(self, host: Host) -> int:
         """The most tokens a chain may draft now: what the verify takes, and what the head holds after catching up
         (k drafts take k - 1 positions after its root); 0 while it has no pair to draft from."""
-        fed = self._synced + self._backlog
+        fed = self._synced + self._catch_up_rows()
         if not fed:
             return 0
         return min(self.verifier.room(host), host[HEAD].max_length - fed + 1)
@@ -464,6 +464,10 @@ class Eagle:
         self._backlog_tokens.append(np.asarray(tokens, np.int64))
         self._backlog_features.append(features)
         self._backlog += len(features)
+        most = self.catch_up_most
+        while most and len(self._backlog_tokens) > 1 and self._backlog - len(self._backlog_tokens[0]) >= most:
+            self._backlog -= len(self._backlog_tokens.pop(0))  # older than any catch-up will feed
+            self._backlog_features.pop(0)
 
     def _catch_up_rows(self) -> int:
         """The rows the next catch-up feeds: the backlog, or its latest ``catch_up_most`` pairs."""

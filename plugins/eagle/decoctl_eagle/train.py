@@ -86,6 +86,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     run_options.add_argument("--eval-tokens", type=int, metavar="N", help="held-out tokens per evaluation (8192)")
     run_options.add_argument("--threads", type=int, help="threads for torch and onnxruntime (default: cores/2)")
+    run_options.add_argument(
+        "--device", help="where the head trains: cpu (default), cuda or cuda:N (the target's features: onnxruntime)"
+    )
+    run_options.add_argument(
+        "--precision",
+        choices=("auto", "bf16", "fp32"),
+        help="the head's matrix products: bf16 (weights and losses stay float32) or fp32; auto (default): bf16 where "
+        "the device computes it in hardware (a CPU with AVX-512 BF16 or AMX, a GPU that supports it)",
+    )
     run_options.add_argument("--name", help="the name the head is registered under (default: TARGET-eagle-DIR)")
     run_options.add_argument(
         "--no-register", dest="register", action="store_false", default=None, help="do not make it the target's head"

@@ -209,3 +209,80 @@ def test_resuming_with_another_setting_is_refused_naming_it(
     assert "already holds a training run: pass --resume" in capsys.readouterr().err
     assert train_main(["--out", str(run), "--resume", "--seq-len", "64", *SMALL[2:]]) == 2
     assert "--seq-len 64 (the run has 48)" in capsys.readouterr().err
+
+
+def evals(run: Path) -> list[dict]:
+    return list(torch.load(run / "checkpoint.pt", weights_only=False)["state"]["evals"])
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_training_lowers_the_held_out_loss_and_exports_the_same_head_in_either_precision(
+    tapped: Path, text: Path, tmp_path: Path, precision: str
+) -> None:
+    run = tmp_path / "run"
+    setup = ["--target", str(tapped), "--data", str(text), "--out", str(run), "--draft-vocab", "160", "--lr", "3e-3"]
+    first = train(tmp_path, *setup, "--epochs", "40", "--max-steps", "1", "--no-register", "--precision", precision)
+    assert first.returncode == 0, first.stderr
+    product = "bfloat16" if precision == "bf16" else "float32"
+    assert f"with {product} products" in first.stderr
+    done = train(tmp_path, "--out", str(run), "--resume", "--max-steps", "30", "--no-register")
+    assert done.returncode == 0, done.stderr
+    losses = [e["loss"] for e in evals(run)]
+    assert losses[-1] < 0.8 * losses[0], losses
+    config = json.loads((run / "head" / "genai_config.json").read_text())
+    assert config["decoctl"]["architecture"] == EAGLE3 and config["decoctl"]["draft_vocab_size"] == 160
+    assert json.loads((run / "head" / "export_report.json").read_text())["max_abs_diff"]["logits"] < 1e-4
+
+
+def test_the_data_is_encoded_once_a_run(
+    tapped: Path, text: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from decoctl_eagle.training import data
+    from decoctl_eagle.training import run as run_module
+
+    run = tmp_path / "run"
+    done = train(tmp_path, "--target", str(tapped), "--data", str(text), "--out", str(run), "--max-steps", "1")
+    assert done.returncode == 0, done.stderr
+    assert (run / "windows.npz").is_file()
+    settings = json.loads((run / "run.json").read_text())
+    tokenizer, bos = _tokenizer_and_bos(tapped)
+    encoded = data.file_windows(settings["data"], tokenizer, settings["seq_len"], bos)
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("the data was encoded again")
+
+    monkeypatch.setattr(data, "file_windows", refuse)
+    model = _model(tapped)
+    cached = run_module._windows(settings, model, run, 1, lambda _: None)
+    assert [w.tolist() for w in cached] == [w.tolist() for w in encoded]
+
+
+def _model(target: Path):  # type: ignore[no-untyped-def]
+    from decoctl import load_model
+
+    return load_model(target, threads=1)
+
+
+def _tokenizer_and_bos(target: Path) -> tuple[object, int | None]:
+    from decoctl_eagle.training import data
+
+    model = _model(target)
+    return model.tokenizer, data.prompt_bos(model.tokenizer, model.spec.bos_token_id)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_a_cuda_device_without_one_is_refused_naming_the_fix(tapped: Path, text: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = train(tmp_path, "--target", str(tapped), "--data", str(text), "--out", str(run), "--device", "cuda")
+    assert done.returncode == 2
+    assert "sees no CUDA GPU" in done.stderr and "--device cpu" in done.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_head_trains_on_a_cuda_gpu_and_exports_as_on_the_cpu(tapped: Path, text: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    setup = ["--target", str(tapped), "--data", str(text), "--out", str(run), "--draft-vocab", "160"]
+    done = train(tmp_path, *setup, "--device", "cuda", "--max-steps", "8", "--no-register")
+    assert done.returncode == 0, done.stderr
+    assert "training on cuda" in done.stderr
+    assert json.loads((run / "head" / "export_report.json").read_text())["max_abs_diff"]["logits"] < 1e-4

@@ -37,7 +37,7 @@ from decoctl.model.eagle_graph import EAGLE1
 from decoctl_eagle.training.features import FeatureStore, Window
 from decoctl_eagle.training.model import Head
 
-__all__ = ["Batch", "Budget", "Trainer", "evaluate"]
+__all__ = ["Batch", "Budget", "Trainer", "autocast", "bf16_native", "evaluate"]
 
 log = get_logger(__name__)
 
@@ -81,6 +81,28 @@ class Batch:
     def tokens(self) -> int:
         return int(self.lengths.sum())
 
+    def to(self, device: torch.device) -> Batch:
+        """The batch on ``device`` (itself on the CPU)."""
+        if device.type == "cpu":
+            return self
+        return Batch(*(t.to(device, non_blocking=True) for t in attrs.astuple(self, recurse=False)))
+
+
+def autocast(device: torch.device, bf16: bool) -> Any:
+    """The forward's precision: bfloat16 matrix products where ``bf16`` (weights, optimizer state, softmax and losses
+    stay float32), else float32 throughout."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def bf16_native(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 products in hardware: a CUDA GPU that supports it, a CPU with AVX-512
+    BF16 or AMX (elsewhere autocast would emulate them, slower than float32)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    cpu = getattr(torch._C, "_cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
 
 @attrs.frozen(kw_only=True)
 class Budget:
@@ -94,17 +116,27 @@ class Budget:
 
 
 def _losses(
-    head: Head, batch: Batch, steps: int, draft_index: torch.Tensor, draft_ids: torch.Tensor, noise: float, seed: int
+    head: Head,
+    batch: Batch,
+    steps: int,
+    draft_index: torch.Tensor,
+    draft_ids: torch.Tensor,
+    noise: float,
+    seed: int,
+    *,
+    measured: int | None = None,
 ) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
-    """The loss to minimise and, per step, the masks and correctness that evaluation counts."""
+    """The loss to minimise and, per step, the masks and correctness that evaluation counts; correctness (an argmax
+    over the draft vocabulary) only for the first ``measured`` steps (all: None)."""
     features = batch.features
     if noise > 0:  # EAGLE-1's trick: drafting feeds the head its own imperfect features
-        generator = torch.Generator().manual_seed(seed)
-        features = features + (torch.rand(features.shape, generator=generator) * 2 - 1) * noise
+        generator = torch.Generator().manual_seed(seed)  # drawn on the CPU: the same noise on every device
+        draw = torch.rand(features.shape, generator=generator).to(features.device)
+        features = features + (draw * 2 - 1) * noise
     outputs = head.unrolled(batch.ids, features, steps)
     length = batch.ids.shape[1]
-    positions = torch.arange(length)
-    total = torch.zeros(())
+    positions = torch.arange(length, device=batch.ids.device)
+    total = torch.zeros((), device=batch.ids.device)
     weights = 0.0
     per_step = []
     for step, out in enumerate(outputs):
@@ -116,24 +148,38 @@ def _losses(
         drafted = index >= 0
         target = torch.softmax(batch.label_logits[:, clamped].masked_fill(~drafted, -1e30), dim=-1)
         usable = valid & drafted.any(-1)
-        log_q = torch.log_softmax(out.logits, dim=-1)
+        log_q = torch.log_softmax(out.logits, dim=-1, dtype=torch.float32)
         cross_entropy = -(target * log_q.gather(-1, index.clamp(min=0))).sum(-1)
-        loss = cross_entropy[usable].mean() if usable.any() else torch.zeros(())
+        loss = cross_entropy[usable].mean() if usable.any() else torch.zeros((), device=total.device)
         if head.dims.architecture == EAGLE1:
-            regression = F.smooth_l1_loss(out.features[valid], batch.features[:, clamped][valid])
+            regression = F.smooth_l1_loss(out.features[valid].float(), batch.features[:, clamped][valid])
             loss = regression + EAGLE1_CE_WEIGHT * loss
         total = total + STEP_WEIGHT**step * loss
         weights += STEP_WEIGHT**step
-        correct = (draft_ids[out.logits.argmax(-1)] == label_ids[..., 0]) & valid
-        # the next step was fed the text's next token: a chain goes on only where that is the target's choice
-        follows = batch.ids[:, (source + 1).clamp(max=length - 1)] == label_ids[..., 0]
-        per_step.append({"valid": valid, "correct": correct, "follows": follows, "loss": loss.detach()})
+        entry = {"valid": valid, "loss": loss.detach()}
+        if measured is None or step < measured:
+            with torch.no_grad():
+                entry["correct"] = (draft_ids[out.logits.argmax(-1)] == label_ids[..., 0]) & valid
+                # the next step was fed the text's next token: a chain goes on only where that is the target's choice
+                entry["follows"] = batch.ids[:, (source + 1).clamp(max=length - 1)] == label_ids[..., 0]
+        per_step.append(entry)
     return total / weights, per_step
 
 
-def evaluate(head: Head, store: FeatureStore, windows: Sequence[Window], *, steps: int, batch: int) -> dict[str, float]:
+def evaluate(
+    head: Head,
+    store: FeatureStore,
+    windows: Sequence[Window],
+    *,
+    steps: int,
+    batch: int,
+    device: torch.device | None = None,
+    bf16: bool = False,
+) -> dict[str, float]:
     """Held-out ``top1`` (step 0's agreement), ``tau`` (expected tokens per target step of a greedy chain of
-    ``steps`` drafts), per-step agreement and the loss, over ``windows``."""
+    ``steps`` drafts), per-step agreement and the loss, over ``windows``, on ``device`` (the CPU) with bfloat16
+    products where ``bf16``."""
+    device = device or torch.device("cpu")
     was_training = head.training
     head.eval()
     draft_index, draft_ids = head.draft_index(), head.draft_ids()
@@ -145,8 +191,9 @@ def evaluate(head: Head, store: FeatureStore, windows: Sequence[Window], *, step
     batches = 0
     with torch.no_grad():
         for start in range(0, len(windows), batch):
-            data = Batch.of(store, windows[start : start + batch])
-            loss, per_step = _losses(head, data, steps, draft_index, draft_ids, 0.0, 0)
+            data = Batch.of(store, windows[start : start + batch]).to(device)
+            with autocast(device, bf16):
+                loss, per_step = _losses(head, data, steps, draft_index, draft_ids, 0.0, 0)
             loss_sum += float(loss)
             batches += 1
             # an anchor counts towards tau where every step's label exists
@@ -170,7 +217,8 @@ def evaluate(head: Head, store: FeatureStore, windows: Sequence[Window], *, step
 
 
 class Trainer:
-    """One run's training state over a feature store, written to and resumed from ``folder/checkpoint.pt``."""
+    """One run's training state over a feature store, written to and resumed from ``folder/checkpoint.pt``. The head
+    trains on ``device`` (the CPU unless given), with bfloat16 products where ``bf16``."""
 
     def __init__(
         self,
@@ -184,8 +232,12 @@ class Trainer:
         seed: int,
         noise: float,
         eval_tokens: int,
+        device: torch.device | None = None,
+        bf16: bool = False,
     ) -> None:
-        self.head = head
+        self.device = device or torch.device("cpu")
+        self.bf16 = bf16
+        self.head = head.to(self.device)
         self.store = store
         self.folder = folder
         self.steps = steps
@@ -218,7 +270,7 @@ class Trainer:
         path = self.folder / CHECKPOINT
         if not path.is_file():
             return False
-        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved = torch.load(path, map_location=self.device, weights_only=False)
         self.head.load_state_dict(saved["head"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.state = saved["state"]
@@ -276,18 +328,20 @@ class Trainer:
             if stop():
                 reason = "stopped"
                 break
-            batch = Batch.of(self.store, self._next_windows())
+            batch = Batch.of(self.store, self._next_windows()).to(self.device)
             for group in self.optimizer.param_groups:
                 group["lr"] = self._lr(total_steps)
-            loss, per_step = _losses(
-                self.head,
-                batch,
-                self.steps,
-                self._draft_index,
-                self._draft_ids,
-                self.noise,
-                self.seed * 1_000_003 + self.state["step"],
-            )
+            with autocast(self.device, self.bf16):
+                loss, per_step = _losses(
+                    self.head,
+                    batch,
+                    self.steps,
+                    self._draft_index,
+                    self._draft_ids,
+                    self.noise,
+                    self.seed * 1_000_003 + self.state["step"],
+                    measured=1,  # the progress bar's top-1; evaluation measures every step
+                )
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.head.parameters(), 0.5)
@@ -319,7 +373,15 @@ class Trainer:
         return mean * min(self.batch, len(self.train_windows))
 
     def evaluate_and_save(self, on_eval: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-        metrics = evaluate(self.head, self.store, self.eval_windows, steps=self.steps, batch=self.batch)
+        metrics = evaluate(
+            self.head,
+            self.store,
+            self.eval_windows,
+            steps=self.steps,
+            batch=self.batch,
+            device=self.device,
+            bf16=self.bf16,
+        )
         entry = {"step": self.state["step"], "tokens": self.state["tokens"], **metrics}
         evals = [e for e in self.state["evals"] if e["step"] != entry["step"]]
         self.state["evals"] = [*evals, entry]

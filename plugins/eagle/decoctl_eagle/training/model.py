@@ -133,13 +133,14 @@ class Head(nn.Module):
     def draft_ids(self) -> torch.Tensor:
         """int64[Vd]: the target id of each draft logit."""
         if self.dims.architecture == EAGLE1:
-            return torch.arange(self.dims.vocab)
-        return torch.arange(self.dims.draft_vocab) + self.d2t
+            return torch.arange(self.dims.vocab, device=self.embed.device)
+        return torch.arange(self.dims.draft_vocab, device=self.d2t.device) + self.d2t
 
     def draft_index(self) -> torch.Tensor:
         """int64[vocab]: each target id's draft index, -1 for ids outside the draft vocabulary."""
-        index = torch.full((self.dims.vocab,), -1, dtype=torch.long)
-        index[self.draft_ids()] = torch.arange(len(self.draft_ids()))
+        ids = self.draft_ids()
+        index = torch.full((self.dims.vocab,), -1, dtype=torch.long, device=ids.device)
+        index[ids] = torch.arange(len(ids), device=ids.device)
         return index
 
     # -- pieces ---------------------------------------------------------------------------------------------------
@@ -193,11 +194,11 @@ class Head(nn.Module):
         taps [B, L, 3H]; EAGLE-1: [B, L, H]). Step j's row p is the head at position p + j, fed token p + 1 + j
         (0 past the window's end; those rows are masked out of the loss)."""
         length = ids.shape[1]
-        positions = torch.arange(length)
+        positions = torch.arange(length, device=ids.device)
         scale = self.dims.head_size**-0.5
         outputs: list[StepOutput] = []
         cached: list[tuple[torch.Tensor, torch.Tensor]] = []
-        causal = torch.ones(length, length, dtype=torch.bool).tril()
+        causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril()
         feature = features
         for step in range(steps):
             shifted = torch.zeros_like(ids)
@@ -244,11 +245,11 @@ class Head(nn.Module):
             for name, value in self.state_dict().items()
             if name != "t2d" and not name.startswith("inverse")
         }
-        weights["embed_tokens.weight"] = self.embed.numpy()
+        weights["embed_tokens.weight"] = self.embed.cpu().numpy()
         if self.dims.architecture == EAGLE1:
-            weights["lm_head.weight"] = self.target_lm_head.numpy()
+            weights["lm_head.weight"] = self.target_lm_head.cpu().numpy()
         else:
-            weights["d2t"] = self.d2t.numpy()
+            weights["d2t"] = self.d2t.cpu().numpy()
         return {name: np.asarray(value, np.float32) if name != "d2t" else value for name, value in weights.items()}
 
 

@@ -30,7 +30,7 @@ from decoctl_eagle.target import Target, read_target
 from decoctl_eagle.training import data as text
 from decoctl_eagle.training.export import export_head
 from decoctl_eagle.training.features import FeatureStore
-from decoctl_eagle.training.loop import Budget, Trainer
+from decoctl_eagle.training.loop import Budget, Trainer, bf16_native
 from decoctl_eagle.training.model import Head, parameter_count
 
 __all__ = ["FIXED", "PER_RUN", "Result", "train"]
@@ -39,6 +39,7 @@ log = get_logger(__name__)
 
 RUN_FILE = "run.json"
 DISTILL_FILE = "distill.json"
+WINDOWS_FILE = "windows.npz"
 FORMAT_VERSION = 1
 #: settings a run keeps for its life (run.json), with their defaults; None: chosen from the target or the arch
 FIXED: dict[str, Any] = {
@@ -72,6 +73,8 @@ PER_RUN: dict[str, Any] = {
     "checkpoint_minutes": 5.0,
     "eval_tokens": 8192,
     "threads": None,
+    "device": "cpu",
+    "precision": "auto",
     "register": True,
     "name": None,
     "progress": True,
@@ -98,6 +101,7 @@ def train(target: str, out: Path, given: Mapping[str, Any], *, resume: bool, say
     threads = per_run["threads"]
     if threads is not None:
         torch.set_num_threads(int(threads))
+    device, bf16 = _device(per_run["device"], per_run["precision"])
     torch.manual_seed(settings["seed"])
     registry = PluginRegistry()
     target_name, target_path = resolve_model(settings["target"], registry)
@@ -156,7 +160,11 @@ def train(target: str, out: Path, given: Mapping[str, Any], *, resume: bool, say
         seed=settings["seed"],
         noise=noise,
         eval_tokens=int(per_run["eval_tokens"]),
+        device=device,
+        bf16=bf16,
     )
+    precision = "bfloat16" if bf16 else "float32"
+    say(f"training on {device.type} with {precision} products, {torch.get_num_threads()} threads")
     if trainer.resume():
         say(f"resumed from {folder / 'checkpoint.pt'}: step {trainer.state['step']}, {trainer.state['tokens']} tokens")
     else:
@@ -192,6 +200,7 @@ def train(target: str, out: Path, given: Mapping[str, Any], *, resume: bool, say
         "finished": trainer.done(budget),
     }
     scale = float(np.std(store.read(store.windows(heldout=False)[0])[1])) or 1.0
+    head.cpu()  # the export checks the ONNX head against the torch head on the CPU
     export_head(
         head, folder / "head", target_dir=target_path, target_name=target_name, feature_scale=scale, training=training
     )
@@ -297,13 +306,33 @@ def _feature_kind(arch: str, target: Target, model: Any) -> tuple[str, int]:
     return "final", h
 
 
+def _device(name: str, precision: str) -> tuple[torch.device, bool]:
+    """The device the head trains on and whether its products run in bfloat16 (``precision`` auto: where the device
+    computes bfloat16 in hardware)."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"--device {name}: this torch ({torch.__version__}) sees no CUDA GPU: install torch's CUDA build, or train "
+            "on the CPU (--device cpu)"
+        )
+    if precision not in ("auto", "bf16", "fp32"):
+        raise ConfigError(f"--precision {precision}: choose auto, bf16 or fp32")
+    return device, precision == "bf16" or (precision == "auto" and bf16_native(device))
+
+
 # -------------------------------------------------------------------------------------------------- data
 
 
 def _windows(
     settings: dict[str, Any], model: Any, folder: Path, threads: int | None, say: Callable[[str], None]
 ) -> list:
-    """Every window of the run's data (its files, then the distilled continuations), in a fixed order."""
+    """Every window of the run's data (its files, then the distilled continuations), in a fixed order; encoded once
+    and kept in ``DIR/windows.npz`` for the run's later invocations."""
+    cache = folder / WINDOWS_FILE
+    if cache.is_file():
+        with np.load(cache) as stored:
+            if str(stored["fingerprint"]) == settings["fingerprint"]:
+                return np.split(stored["ids"].astype(np.int64), np.cumsum(stored["lengths"])[:-1])
     bos = text.prompt_bos(model.tokenizer, model.spec.bos_token_id)
     seq_len = settings["seq_len"]
     windows = text.file_windows(settings["data"], model.tokenizer, seq_len, bos)
@@ -311,6 +340,15 @@ def _windows(
         windows.extend(text.windows(ids, seq_len, bos))
     if not windows:
         raise ConfigError("the data holds no text to train on: give --data files with text in them")
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = folder / (WINDOWS_FILE + ".tmp.npz")
+    np.savez(
+        staging,
+        fingerprint=np.array(settings["fingerprint"]),
+        ids=np.concatenate(windows).astype(np.int32),
+        lengths=np.array([len(w) for w in windows], np.int64),
+    )
+    staging.replace(cache)
     return windows
 
 
