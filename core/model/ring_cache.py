@@ -177,7 +177,8 @@ class RingGroup:
             f"rewind from {old} to {new} tokens: the sliding-window layers {layers} (window {self.window}, ring of "
             f"{self.capacity} positions and a spill of {self.slack}) need positions from {need} on but hold only "
             f"those from {held} on; a ring cache keeps exact rewinds of up to {self.slack + 1} tokens (the slack) "
-            "after the forward that moved past them: rewind less far, or load the model with a larger ring_slack (decoctl.model.load_model)"
+            "after the forward that moved past them: rewind less far, or load the model with a larger ring_slack "
+            "(decoctl.model.load_model)"
         )
 
     def copy_state(self, other: RingGroup) -> None:
