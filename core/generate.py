@@ -34,6 +34,7 @@ from decoctl.importers.registry import role_defaults
 from decoctl.logs import get_logger
 from decoctl.model.capabilities import FEATURES
 from decoctl.model.loader import LoadedModel, load_model
+from decoctl.model.vision import ImageFeatures, no_images
 from decoctl.output import Output, StopRules
 from decoctl.plugins import PluginRegistry
 from decoctl.processing import ProcessorChain, processor_name
@@ -155,6 +156,8 @@ class _Request:
     seed: int | None
     #: an encoder-decoder target's source (the prompt's tokens), which every role's encoder reads; None otherwise
     source: np.ndarray | None = None
+    #: a vision-language target's image features, in the order of the prompt's image tokens; None without images
+    images: ImageFeatures | None = None
 
 
 class _Run:
@@ -387,8 +390,11 @@ class Generator:
         max_new_tokens: int = 128,
         stop: tuple[str, ...] | list[str] = (),
         seed: int | None = 0,
+        images: Seq[Any] = (),
     ) -> Iterator[str]:
         """Yield text pieces as they are committed. ``self.last`` holds the GenerationResult afterwards.
+        ``images`` (paths, bytes or PIL images): a vision-language target's images, one per image token of the
+        prompt, in order.
 
         The generation starts at the first item and runs while the stream is read. On a GenerationError the stream
         first yields what it has not yet given of the error's ``text`` (the pieces always join to it), then raises.
@@ -399,7 +405,7 @@ class Generator:
         pieces: list[str] = []
         self._acquire()
         try:
-            request = self._request(prompt, max_new_tokens, stop, seed)
+            request = self._request(prompt, max_new_tokens, stop, seed, images)
             run = self._begin(request, lambda _tokens, text: pieces.append(text))
         finally:
             self._lock.release()
@@ -436,15 +442,17 @@ class Generator:
         max_new_tokens: int = 128,
         stop: tuple[str, ...] | list[str] = (),
         seed: int | None = 0,
+        images: Seq[Any] = (),
     ) -> GenerationResult:
         """Run one generation to its end and return its text, tokens and stats. Nothing streams, so the text is
-        decoded once at the end (unless stop strings or commit observers need it as it grows).
+        decoded once at the end (unless stop strings or commit observers need it as it grows). ``images``: as
+        :meth:`stream`'s.
 
         An error inside raises GenerationError, which keeps the text so far; a KeyboardInterrupt propagates as it
         is, after the end hook, with the text so far in ``self.last``."""
         self._acquire()
         try:
-            request = self._request(prompt, max_new_tokens, stop, seed)
+            request = self._request(prompt, max_new_tokens, stop, seed, images)
             for _ in self._steps(self._begin(request, None)):
                 pass
         finally:
@@ -541,9 +549,7 @@ class Generator:
 
         def finish(slot: BatchSlot) -> tuple[int, GenerationResult]:
             del running[slot.index]
-            result = self._finish(slot.run)
-            stats = attrs.evolve(result.stats, trace={**result.stats.trace, "batched": trace})
-            return slot.index, attrs.evolve(result, stats=stats)
+            return slot.index, self._finish(slot.run, batched=trace)
 
         try:
             yield from run_batch(rows, len(requests), admit, finish)
@@ -555,9 +561,12 @@ class Generator:
             raise
 
     # -- one request's life: opened, started, stepped, finished or failed -------------------------------------
-    def _request(self, prompt: str, max_new_tokens: int, stop: Any, seed: int | None) -> _Request:
+    def _request(
+        self, prompt: str, max_new_tokens: int, stop: Any, seed: int | None, images: Seq[Any] = ()
+    ) -> _Request:
         """``prompt`` and its limits checked and encoded (ConfigError otherwise): the same for a generation, a
-        stream and each prompt of a batch."""
+        stream and each prompt of a batch. A vision-language target's images run through its vision encoder here,
+        once each, and each image token of the prompt becomes as many as its image gave features."""
         stop = _checked_request(max_new_tokens, stop, seed)
         target = self.models["target"]
         ids = np.asarray(encode_prompt(target.tokenizer, prompt), np.int64)  # a ChatPrompt keeps its ids
@@ -566,7 +575,15 @@ class Generator:
         source = None
         if target.encoder is not None:  # the prompt is the encoder's; the decoder starts from its start token
             source, ids = ids, self._decoder_prompt(ids)
-        return _Request(prompt=prompt, ids=ids, max_new_tokens=max_new_tokens, stop=stop, seed=seed, source=source)
+        features = None
+        if target.vision is not None:
+            features = target.vision.encode(list(images))
+            ids = np.asarray(target.vision.expand(ids.tolist(), features), np.int64)
+        elif images:
+            raise no_images(target.name)
+        return _Request(
+            prompt=prompt, ids=ids, max_new_tokens=max_new_tokens, stop=stop, seed=seed, source=source, images=features
+        )
 
     def _begin(self, request: _Request, sink: Callable[[list[int], str], None] | None) -> _Run:
         """Open and start ``request`` on this Generator's own sequences (with the lock held), taking the models over
@@ -658,6 +675,8 @@ class Generator:
         if request.source is not None:  # every role's encoder reads the source once per generation
             for sequence in sequences:
                 sequence.encode(request.source)
+        if request.images is not None:
+            host.target.attach_images(request.images)
         host.target.prefill(request.ids, self.prefill_chunk)
         run.prefill_seconds = time.perf_counter() - run.started
         start_controller(run.controller, host)
@@ -765,12 +784,14 @@ class Generator:
             forward_sizes=sizes,
         )
 
-    def _finish(self, run: _Run) -> GenerationResult:
-        """The result of a run its stop rules ended; the end hook sees it."""
+    def _finish(self, run: _Run, **trace: Any) -> GenerationResult:
+        """The result of a run its stop rules ended, with ``trace`` added to its stats' trace; the end hook sees it."""
         run.ended = True
         if self._active is run:
             self._active = None
         stats = self._stats(run)
+        if trace:
+            stats = attrs.evolve(stats, trace={**stats.trace, **trace})
         self.registry.notify_end(stats=stats, error=None)
         log.debug("decoctl.generation_end", new_tokens=stats.new_tokens, stop_reason=stats.stop_reason)
         return GenerationResult.of(run.host, stats)
@@ -894,12 +915,14 @@ def generate(
     stop: tuple[str, ...] | list[str] = (),
     seed: int | None = 0,
     roles: Mapping[str, str | Path] | None = None,
+    images: Seq[Any] = (),
     **generator_options: Any,
 ) -> GenerationResult:
-    """One-shot generation: ``decoctl.generate("def f(x):", model="path/or/name", controller="greedy")``."""
+    """One-shot generation: ``decoctl.generate("def f(x):", model="path/or/name", controller="greedy")``;
+    ``images``: a vision-language model's images, one per image token of the prompt."""
     models: dict[str, str | Path | None] = {"target": model, **(roles or {})}
     generator = Generator(models, controller, **generator_options)
-    return generator.generate(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+    return generator.generate(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed, images=images)
 
 
 def stream(
@@ -911,9 +934,10 @@ def stream(
     stop: tuple[str, ...] | list[str] = (),
     seed: int | None = 0,
     roles: Mapping[str, str | Path] | None = None,
+    images: Seq[Any] = (),
     **generator_options: Any,
 ) -> Iterator[str]:
     """Streaming one-shot generation: yields text pieces as they are committed."""
     models: dict[str, str | Path | None] = {"target": model, **(roles or {})}
     generator = Generator(models, controller, **generator_options)
-    yield from generator.stream(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+    yield from generator.stream(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed, images=images)
