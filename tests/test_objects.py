@@ -4,6 +4,7 @@ and an object that breaks the contract is refused by name, keeping the text gene
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -338,7 +339,7 @@ def test_a_stateful_chain_with_clone_runs_several_samples_each_followed_by_its_c
     seen = sorted(tuple(p.seen) for p in FollowsItsSequence.made if p.seen)
     assert seen == sorted(c.tokens for c in result.completions)  # each clone saw exactly its completion's commits
     for completion in result.completions:
-        assert all(a != b for a, b in zip(completion.tokens, completion.tokens[1:], strict=False))
+        assert all(a != b for a, b in itertools.pairwise(completion.tokens))
 
 
 def test_the_first_of_several_samples_is_the_single_sample_under_a_stateful_chain(
@@ -399,3 +400,36 @@ def test_a_clone_that_returns_itself_is_refused(genai_model: Path, registry: Plu
     )
     with pytest.raises(GenerationError, match=r"logits processor 'Selfish': clone\(\) returned itself"):
         generator.generate(PROMPT, max_new_tokens=NEW)
+
+
+class NoRepeats:
+    """Bans every token generated before each row: its state is the committed tokens, a row's drafted path (a beam's
+    tokens, during beam search) goes on top."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def reset(self, prompt: np.ndarray) -> None:
+        self.seen = []
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self.seen.extend(int(t) for t in tokens)
+
+    def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        for row in range(len(rows)):
+            rows[row, [*self.seen, *context.paths[row]]] = -np.inf
+        return rows
+
+
+def test_beam_search_runs_a_stateful_chain_with_each_beams_tokens_as_its_path(
+    genai_model: Path, registry: PluginRegistry
+) -> None:
+    options = {"num_beams": 3, "num_return_sequences": 2}
+    plain = Generator({"target": genai_model}, "beam", options=options, registry=registry)
+    assert any(len(set(c.tokens)) < len(c.tokens) for c in plain.generate(PROMPT, max_new_tokens=NEW).completions)
+
+    processors = [NoRepeats()]
+    generator = Generator({"target": genai_model}, "beam", options=options, processors=processors, registry=registry)
+    result = generator.generate(PROMPT, max_new_tokens=NEW)
+    assert len(result.completions) == 2
+    assert all(len(set(c.tokens)) == len(c.tokens) for c in result.completions)
