@@ -280,8 +280,8 @@ typedef struct decoctl_host {
      * remaining() is output 0's. Outputs are int32_t indices; one that does not exist: DECOCTL_ERR_SEQUENCE. */
 
     /* Start another (empty) completion; *out_output (non-NULL) gets its index (1, 2, ...). A host that holds
-     * one output: DECOCTL_ERR_CAPABILITY; a logits-processor chain that keeps state per sequence (which the
-     * outputs would share): DECOCTL_ERR_ARGUMENT, host_error naming the processors. */
+     * one output: DECOCTL_ERR_CAPABILITY; a logits-processor chain that keeps state per sequence with a processor
+     * that cannot clone itself for another output: DECOCTL_ERR_ARGUMENT, host_error naming the processors. */
     int32_t (*new_output)(void *host_data, int32_t *out_output);
 
     /* commit to output `output` (0: commit itself): append n >= 0 tokens, applying that output's EOS,
