@@ -28,6 +28,7 @@ from decoctl.model.kv_cache import KVCache
 from decoctl.model.loader import LoadedModel
 from decoctl.model.runner import Runner, RunOutputs
 from decoctl.model.tree import Tree
+from decoctl.model.vision import ImageFeatures, no_images
 from decoctl.output import Output
 from decoctl.processing import ProcessContext, ProcessorChain
 
@@ -531,22 +532,37 @@ class Sequence:
                 "token, which batched steps do not feed; forward each row with its features instead"
             )
 
-    def _adopt_tokens(self, tokens: np.ndarray) -> None:
-        """The row's KV cache was replaced by another row's (fork, reorder): take that row's tokens too."""
+    def _adopt_tokens(self, tokens: np.ndarray, images: ImageFeatures | None = None) -> None:
+        """The row's KV cache was replaced by another row's (fork, reorder): take that row's tokens (and the
+        images its prompt holds) too."""
         self._tokens[: len(tokens)] = tokens
+        self._runner.images = images
+        self._runner.adopt_tokens(tokens)
         self._invalidate()
+
+    def attach_images(self, images: ImageFeatures | None) -> None:
+        """The features of the images this role's prompt holds, in order (decoctl.model.vision): the prompt's
+        image tokens take them as the prefill feeds them. Before the prefill; None: no images."""
+        if images is not None and self.model.vision is None:
+            raise no_images(self.model.name)
+        self._runner.images = images
+
+    @property
+    def images(self) -> ImageFeatures | None:
+        return self._runner.images
 
     def _copy_row(self, source: Sequence) -> None:
         """This row keeps a cache of its own (a concatenated-cache model) and takes a copy of ``source``'s: its KV,
         and an encoder-decoder row's encoder output and cross-attention KV; its tokens too (fork)."""
         self._runner.copy_from(source._runner)
-        self._adopt_tokens(source.tokens)
+        self._adopt_tokens(source.tokens, source.images)
 
     def _take_runner(self, runner: Runner, tokens: np.ndarray) -> None:
         """This row continues another row of a concatenated-cache model (reorder): it takes that row's runner (its
         cache) and ``tokens``, its tokens from before the reorder."""
+        images = runner.images
         self._runner = runner
-        self._adopt_tokens(tokens)
+        self._adopt_tokens(tokens, images)
 
     def _detach_outputs(self) -> None:
         """Keep this row's outputs in arrays of its own: the batched step's buffer they view is about to be

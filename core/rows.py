@@ -129,7 +129,7 @@ class Rows:
             sequence._copy_row(source)
         else:
             self._kv.copy_row(row, free)
-            sequence._adopt_tokens(source.tokens)
+            sequence._adopt_tokens(source.tokens, source.images)
         self._rows[free] = sequence
         return free
 
@@ -166,12 +166,13 @@ class Rows:
         for sequence in (*sources, *rows):
             sequence._check_settled("reorder()")
         tokens = [source.tokens.copy() for source in sources]
+        images = [source.images for source in sources]
         if self._kv is None:
             self._hand_round(order.tolist(), tokens)
             return
         self._kv.gather_rows(order)
-        for sequence, kept in zip(rows, tokens, strict=True):
-            sequence._adopt_tokens(kept)
+        for sequence, kept, held in zip(rows, tokens, images, strict=True):
+            sequence._adopt_tokens(kept, held)
 
     def _hand_round(self, parents: list[int], tokens: list[np.ndarray]) -> None:
         """reorder() where each row keeps a cache of its own, by handing runners round: a parent among rows 0..k-1

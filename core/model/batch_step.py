@@ -54,7 +54,13 @@ class BatchStep:
         total = int(lengths.max()) + 1
         binding = self._binding
         self._ids[:k, 0] = tokens
-        binding.bind_input(spec.input_ids_name, "cpu", 0, np.int64, [k, 1], self._ids.ctypes.data)
+        embedder = self.model.vision.embedder if self.model.vision is not None and caps.inputs_embeds else None
+        if embedder is None:
+            binding.bind_input(spec.input_ids_name, "cpu", 0, np.int64, [k, 1], self._ids.ctypes.data)
+        else:  # a vision-language decoder: decode steps carry no image features
+            self._embeds = np.ascontiguousarray(embedder.embed(self._ids[:k], None), np.float32)
+            shape = [k, 1, embedder.hidden]
+            binding.bind_input(caps.inputs_embeds, "cpu", 0, np.float32, shape, self._embeds.ctypes.data)
         if caps.fed_lengths is not None:
             self._seqlens[:k] = lengths
             self._total[()] = total

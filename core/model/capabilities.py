@@ -39,6 +39,7 @@ class Capabilities:
     mask subgraph (decoctl.model.fed_lengths); the graph then has no attention mask input. None otherwise.
     ``windows``: the bias inputs of sliding-window layers whose window the loader moved from the kernel into the
     bias (decoctl.model.window_bias), which the runner fills with the tree bias plus the window in positions.
+    ``inputs_embeds``: the decoder's embeddings input (it takes embeddings, not token ids), or None.
     ``rings``: the layers whose GroupQueryAttention keeps a window-sized ring cache (decoctl.model.ring_cache).
     ``use_cache_branch``: the input that picks a merged decoder's branch (the runner feeds False on an empty cache,
     True after), or None.
@@ -57,6 +58,7 @@ class Capabilities:
     windows: tuple[WindowBias, ...] = ()
     use_cache_branch: str | None = None
     rings: tuple[RingLayer, ...] = ()
+    inputs_embeds: str | None = None
 
     @property
     def tree(self) -> bool:
@@ -91,7 +93,8 @@ class Capabilities:
         if state is not None:
             raise ModelLoadError(_hybrid_message(spec, state))
         lengths = [fed_lengths.seqlens_k, fed_lengths.total_sequence_length] if fed_lengths else []
-        required = [spec.input_ids_name, *(lengths or [spec.attention_mask_name]), *(w.name for w in windows)]
+        fed = spec.inputs_embeds_name or spec.input_ids_name
+        required = [fed, *(lengths or [spec.attention_mask_name]), *(w.name for w in windows)]
         for layer in range(spec.num_layers):
             required.extend(spec.past_names(layer))
         missing = [name for name in required if name not in inputs]
@@ -104,7 +107,12 @@ class Capabilities:
                 f"{spec.onnx_file} lacks the inputs/outputs {missing} that its config promises "
                 f"({spec.num_layers} layers): the config and the graph do not belong together; re-export both"
             )
-        _check_types(spec, inputs, outputs, [spec.input_ids_name, spec.attention_mask_name])
+        _check_types(
+            spec,
+            inputs,
+            outputs,
+            [spec.attention_mask_name] if spec.inputs_embeds_name else [spec.input_ids_name, spec.attention_mask_name],
+        )
         feature_size = _feature_size(inputs.get(FEATURES), spec)
         logits_shape = outputs[spec.logits_name].shape
         seq_dim = logits_shape[1] if len(logits_shape) == 3 else None
@@ -122,6 +130,7 @@ class Capabilities:
             windows=windows,
             use_cache_branch=USE_CACHE_BRANCH if USE_CACHE_BRANCH in inputs else None,
             rings=rings,
+            inputs_embeds=spec.inputs_embeds_name if spec.inputs_embeds_name in inputs else None,
         )
 
 

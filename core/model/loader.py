@@ -9,18 +9,21 @@ import os
 from pathlib import Path
 
 import attrs
+import numpy as np
 import onnxruntime as ort
 
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
 from decoctl.model import fed_lengths, protowire, window_bias
 from decoctl.model import huge_pages as pages
+from decoctl.model import pipeline as pipelines
 from decoctl.model.capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model.encoder_decoder import Encoder, read_encoder
 from decoctl.model.kv_cache import kv_shape
 from decoctl.model.ring_cache import DEFAULT_SLACK, RingLayer
 from decoctl.model.spec import ModelSpec
 from decoctl.model.tokenizer import Tokenizer
+from decoctl.model.vision import ImagePreprocessor, TokenEmbedder, VisionParts, read_embedding_table
 
 __all__ = ["LoadedModel", "default_threads", "load_model", "session_options"]
 
@@ -63,7 +66,8 @@ class LoadedModel:
     """One opened model: shared by every Sequence that runs it (each Sequence has its own KV cache).
 
     ``session`` runs the decoder step by step; ``encoder``: an encoder-decoder model's encoder and first-pass
-    decoder (decoctl.model.encoder_decoder), None for a decoder-only model.
+    decoder (decoctl.model.encoder_decoder), None for a decoder-only model; ``vision``: a vision-language model's
+    vision encoder, embedding stage and image preprocessor (decoctl.model.vision), None otherwise.
     """
 
     name: str
@@ -73,6 +77,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     threads: int
     encoder: Encoder | None = None
+    vision: VisionParts | None = None
 
 
 def load_model(
@@ -126,6 +131,7 @@ def load_model(
         session, spec, rewritten.inputs if rewritten else None, windowed.windows if windowed else (), rings
     )
     encoder = None if others is None else read_encoder(spec, *others, session)
+    vision = _vision_parts(spec, session, capabilities, options)
     tokenizer = Tokenizer.from_file(spec.tokenizer_file, bos_token_id=spec.bos_token_id, add_bos=spec.add_bos)
     _check_vocabulary(spec, session, tokenizer)
     model = LoadedModel(
@@ -136,6 +142,7 @@ def load_model(
         tokenizer=tokenizer,
         threads=options.intra_op_num_threads,
         encoder=encoder,
+        vision=vision,
     )
     log.debug(
         "decoctl.model_loaded",
@@ -259,6 +266,82 @@ def _external_data_extents(model: bytes) -> dict[str, int]:
                 end = int(entries.get("offset") or 0) + int(entries["length"])
                 ends[entries["location"]] = max(ends.get(entries["location"], 0), end)
     return ends
+
+
+#: token ids the embedding table read from the embedding graph is checked on against the graph itself
+_TABLE_PROBES = 16
+
+
+def _vision_parts(
+    spec: ModelSpec, decoder: ort.InferenceSession, capabilities: Capabilities, options: ort.SessionOptions
+) -> VisionParts | None:
+    """A vision-language folder's other sessions, opened and checked against its pipeline description (every edge,
+    port, type and fixed size) before any of them runs; None for a folder without one."""
+    description = pipelines.read_pipeline(spec.path)
+    if description is None:
+        if capabilities.inputs_embeds is not None:
+            raise ModelLoadError(
+                f"{spec.onnx_file} takes {capabilities.inputs_embeds} instead of token ids, but {spec.path} describes "
+                "no stage that makes them: add the embedding (and vision) sections to genai_config.json, or a "
+                "pipeline.json (docs/ARCHITECTURE.md)"
+            )
+        return None
+    stages = {s.name: s for s in description.stages}
+    if set(stages) != {"vision", "embedding", "decoder"}:
+        raise ModelLoadError(
+            f"{description.origin}: decoctl runs composite models of the sessions vision, embedding and decoder "
+            f"(a vision-language model); this description has {sorted(stages)}"
+        )
+    sessions: dict[str, ort.InferenceSession] = {"decoder": decoder}
+    for name in ("vision", "embedding"):
+        path = spec.path / stages[name].file
+        if not path.is_file():
+            raise ModelLoadError(f"{description.origin}: session {name!r} names {path}, which does not exist")
+        sessions[name] = _session(path, None, options)
+    description.validate({name: pipelines.ports_of(session) for name, session in sessions.items()})
+    if capabilities.inputs_embeds is None:
+        raise ModelLoadError(
+            f"{description.origin}: the embedding stage feeds the decoder, but {spec.onnx_file} takes token ids; "
+            "export the decoder with the builder's exclude_embeds=true"
+        )
+    if spec.image_token_id is None:
+        raise ModelLoadError(f"{spec.path / 'genai_config.json'}: a vision-language model needs model.image_token_id")
+    edge = {e.ends()[1]: e.ends()[0] for e in description.edges}
+    feature_input = next(t[1] for t in edge if t[0] == "embedding")
+    feature_output = edge[("embedding", feature_input)][1]
+    embeds_output = edge[("decoder", capabilities.inputs_embeds)][1]
+    ids_input = stages["embedding"].host_inputs[0]
+    embedding = sessions["embedding"]
+    table = read_embedding_table(spec.path / stages["embedding"].file, ids_input)
+    embedder = TokenEmbedder(
+        embedding, table, image_token=spec.image_token_id, ids=ids_input, features=feature_input, output=embeds_output
+    )
+    if table is not None and not _table_agrees(embedder, spec.image_token_id):
+        embedder.table = None  # the graph does more than look its tokens up (a scale, a norm): it runs every forward
+    log.debug("decoctl.vision_loaded", model=str(spec.path), table=embedder.table is not None)
+    return VisionParts(
+        vision=sessions["vision"],
+        pixel_input=stages["vision"].host_inputs[0],
+        feature_output=feature_output,
+        embedder=embedder,
+        preprocessor=ImagePreprocessor.from_folder(spec.path),
+        image_token=spec.image_token_id,
+    )
+
+
+def _table_agrees(embedder: TokenEmbedder, image_token: int) -> bool:
+    """Whether the table read from the embedding graph gives that graph's own output for text tokens."""
+    assert embedder.table is not None
+    vocab = len(embedder.table)
+    probes = np.unique(np.linspace(0, vocab - 1, _TABLE_PROBES).astype(np.int64))
+    probes = probes[probes != image_token][None, :]
+    table, embedder.table = embedder.table, None
+    try:
+        expected = embedder.embed(probes, None)
+    finally:
+        embedder.table = table
+        embedder.graph_runs = 0
+    return bool(np.allclose(table[probes], expected, atol=1e-6))
 
 
 def _graph_bytes(spec: ModelSpec) -> bytes | None:

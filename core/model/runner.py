@@ -23,6 +23,7 @@ from decoctl.model.kv_cache import (
     to_float32,
 )
 from decoctl.model.loader import LoadedModel
+from decoctl.model.vision import ImageFeatures, too_many_image_tokens
 
 __all__ = [
     "PRIVATE_ORT_VERSIONS",
@@ -232,6 +233,16 @@ class Runner:
         )
         self._one: RunOutputs | None = None
         self._masked = caps.fed_lengths is None
+        # a vision-language decoder takes embeddings: the embedding stage makes them from the fed tokens and, for
+        # the prompt's image tokens, the images' features (decoctl.model.vision)
+        self._embedder = model.vision.embedder if model.vision is not None and caps.inputs_embeds else None
+        #: the images of this sequence's prompt, their features in order (set by the host before the prefill)
+        self.images: ImageFeatures | None = None
+        if self._embedder is not None:
+            self._steppable = False
+            self._embeds = _Growable(self._embedder.hidden, np.float32)
+            self._history = np.zeros(self.max_length + 1, np.int64)
+            self._images_before = np.zeros(self.max_length + 2, np.int64)
 
     @property
     def length(self) -> int:
@@ -255,7 +266,10 @@ class Runner:
             self.kv.rings.check_tree(n, self.model.name)
         ids = self._ids
         ids[0, :n] = tokens
-        self._bind(spec.input_ids_name, np.int64, (1, n), self._ids_pointer)
+        if self._embedder is None:
+            self._bind(spec.input_ids_name, np.int64, (1, n), self._ids_pointer)
+        else:
+            self._bind_embeds(ids[:, :n], past)
         self._feed_length(total)
         if caps.position_ids is not None:
             pos = self._positions
@@ -301,6 +315,8 @@ class Runner:
         if self._narrow:
             self._widen(logit_rows, n)
         self.kv.advance(n)
+        if self._embedder is not None:
+            self._record(ids[0, :n], past)
         outputs = RunOutputs(logits, hidden, aux)
         # after a one-token run every binding is what the next one-token run needs (bar the mask's length)
         self._one = outputs if n == 1 and self._steppable else None
@@ -413,6 +429,36 @@ class Runner:
                 self._causal[n] = block
         return block
 
+    def _bind_embeds(self, tokens: np.ndarray, past: int) -> None:
+        """Bind the embeddings of ``tokens`` (int64[1, n]): image features at the prompt's image tokens that the
+        sequence has not fed yet, the token embeddings elsewhere."""
+        assert self._embedder is not None
+        n = tokens.shape[1]
+        images = self._embedder.image_token == tokens[0]
+        count = int(images.sum())
+        before = int(self._images_before[past])
+        held = 0 if self.images is None else len(self.images.rows)
+        use = max(0, min(count, held - before))
+        if 0 < use < count:
+            raise too_many_image_tokens(self.model.name, before + count, held)
+        features = self.images.rows[before : before + use] if use and self.images is not None else None
+        rows = self._embeds.rows(n)
+        rows[:] = self._embedder.embed(tokens, features)[0]
+        self._fast.bind_input(self._caps.inputs_embeds or "", np.float32, [1, n, rows.shape[1]], self._embeds.pointer)
+
+    def _record(self, tokens: np.ndarray, past: int) -> None:
+        """Keep the fed tokens and the running count of image tokens (which feature row the next one takes)."""
+        assert self._embedder is not None
+        end = past + len(tokens)
+        self._history[past:end] = tokens
+        counts = np.cumsum(tokens == self._embedder.image_token)
+        self._images_before[past + 1 : end + 1] = self._images_before[past] + counts
+
+    def adopt_tokens(self, tokens: np.ndarray) -> None:
+        """This runner's cache now holds ``tokens`` (a fork or reorder copied another row's): take their history."""
+        if self._embedder is not None and len(tokens):
+            self._record(np.asarray(tokens, np.int64), 0)
+
     def truncate(self, length: int) -> None:
         self.kv.truncate(length)
 
@@ -431,6 +477,8 @@ class Runner:
 
     def gather(self, positions: np.ndarray, start: int) -> None:
         self.kv.gather(positions, start)
+        if self._embedder is not None:
+            self._record(self._history[positions].copy(), start)
 
 
 _NODE = re.compile(r"running (\w+) node\. Name:'([^']*)' Status Message: (.*)", re.S)
@@ -501,10 +549,10 @@ def dry_forward(model: LoadedModel) -> str:
             logits = runner.run(feed).logits
         except Exception as failure:  # onnxruntime's own error types: each means the graph and the bindings disagree
             # onnxruntime's own complaint, where the runner already said which kernel refused the run
-            exc = failure.__cause__ if isinstance(failure, ModelLoadError) and failure.__cause__ else failure
+            complaint = failure.__cause__ if isinstance(failure, ModelLoadError) and failure.__cause__ else failure
             inputs = ", ".join(f"{i.name} {i.type}{i.shape}" for i in session.get_inputs())
             raise ModelLoadError(
-                f"{graph} loads but {what} fails in onnxruntime ({type(exc).__name__}: {exc}); the graph "
+                f"{graph} loads but {what} fails in onnxruntime ({type(complaint).__name__}: {complaint}); the graph "
                 f"takes {inputs}: the graph does not run as decoctl binds it; re-export it, or report the layout"
             ) from failure
         if not np.isfinite(logits).all():

@@ -343,6 +343,11 @@ class ModelSpec:
     add_bos: bool
     share_buffer: bool
     input_ids_name: str = "input_ids"
+    #: the decoder's embeddings input where it takes embeddings instead of token ids (a vision-language model's
+    #: decoder, exported with the builder's exclude_embeds); None where it takes token ids
+    inputs_embeds_name: str | None = None
+    #: the token a vision-language prompt holds where an image goes (genai_config.json's image_token_id)
+    image_token_id: int | None = None
     attention_mask_name: str = "attention_mask"
     position_ids_name: str = "position_ids"
     logits_name: str = "logits"
@@ -400,6 +405,8 @@ class ModelSpec:
                 add_bos=_add_bos(folder, default=False),
                 share_buffer=bool(search.get("past_present_share_buffer", True)),
                 input_ids_name=inputs.get("input_ids", "input_ids"),
+                inputs_embeds_name=inputs.get("inputs_embeds"),
+                image_token_id=model.get("image_token_id"),
                 attention_mask_name=inputs.get("attention_mask", "attention_mask"),
                 position_ids_name=inputs.get("position_ids", "position_ids"),
                 logits_name=outputs.get("logits", "logits"),

@@ -1,0 +1,309 @@
+"""A vision-language model's parts in front of its decoder: images -> pixel values (the folder's
+preprocessor_config.json), the vision encoder (pixel values -> image features, once per image per generation) and
+the embedding stage (token ids and image features -> the decoder's ``inputs_embeds``).
+
+The embedding graph runs only for forwards that place image features (the prompt's image tokens). Every other
+forward (decode steps, drafts, verification) looks its tokens up in the token embedding table read once from that
+graph's own initializer, so a decode step stays one Run of the decoder and copies no image features. A token equal
+to the image token that no image fills (one the model generates) takes its table row, as transformers does.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import onnxruntime as ort
+
+from decoctl.errors import CapabilityError, ConfigError, ModelLoadError, SequenceError
+from decoctl.model import protowire as pw
+
+__all__ = ["ImageFeatures", "ImagePreprocessor", "TokenEmbedder", "VisionParts", "read_embedding_table"]
+
+# GraphProto.node / initializer; NodeProto.input / op_type; TensorProto.dims / data_type / float_data / name /
+# raw_data / external_data / data_location; StringStringEntryProto.key / value (field numbers from onnx.proto)
+_MODEL_GRAPH = 7
+_GRAPH_NODE, _GRAPH_INITIALIZER = 1, 5
+_NODE_INPUT, _NODE_OP_TYPE = 1, 4
+_TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_FLOAT_DATA, _TENSOR_NAME, _TENSOR_RAW_DATA = 1, 2, 4, 8, 9
+_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 13, 14
+_ENTRY_KEY, _ENTRY_VALUE = 1, 2
+_FLOAT, _FLOAT16 = 1, 10
+
+#: the Pillow resampling filters preprocessor_config.json's ``resample`` numbers name
+_RESAMPLE = {0: "NEAREST", 1: "LANCZOS", 2: "BILINEAR", 3: "BICUBIC", 4: "BOX", 5: "HAMMING"}
+
+
+@attrs.frozen(kw_only=True)
+class ImagePreprocessor:
+    """What transformers' CLIP-style image processors do, from a folder's preprocessor_config.json: RGB, resize
+    to ``size`` (height, width), optional centre crop, rescale, normalize, channels first."""
+
+    size: tuple[int, int]
+    crop: tuple[int, int] | None
+    rescale: float | None
+    mean: tuple[float, float, float] | None
+    std: tuple[float, float, float] | None
+    resample: str
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> ImagePreprocessor:
+        path = folder / "preprocessor_config.json"
+        if not path.is_file():
+            raise ModelLoadError(
+                f"{folder} has a vision encoder but no preprocessor_config.json: copy the one the model was published "
+                "with (transformers' image processor settings) next to the graphs"
+            )
+        config = json.loads(path.read_text(encoding="utf-8"))
+        size = config.get("size", {})
+        if "height" in size:
+            hw = (int(size["height"]), int(size["width"]))
+        elif "shortest_edge" in size:
+            hw = (int(size["shortest_edge"]), int(size["shortest_edge"]))
+        else:
+            raise ModelLoadError(f"{path}: size {size!r} names neither height/width nor shortest_edge")
+        crop = config.get("crop_size") if config.get("do_center_crop") else None
+        crop_hw = (int(crop["height"]), int(crop["width"])) if isinstance(crop, dict) else None
+        normalize = config.get("do_normalize", True)
+        return cls(
+            size=hw,
+            crop=crop_hw,
+            rescale=float(config.get("rescale_factor", 1 / 255)) if config.get("do_rescale", True) else None,
+            mean=_triple(config["image_mean"]) if normalize else None,
+            std=_triple(config["image_std"]) if normalize else None,
+            resample=_RESAMPLE.get(int(config.get("resample", 3)), "BICUBIC"),
+        )
+
+    def __call__(self, images: Sequence[Any]) -> np.ndarray:
+        """float32[len(images), 3, height, width] from images: paths, bytes or PIL images."""
+        return np.stack([self._one(image, index) for index, image in enumerate(images)])
+
+    def _one(self, image: Any, index: int) -> np.ndarray:
+        try:
+            from PIL import Image, UnidentifiedImageError
+        except ImportError as exc:
+            raise ConfigError("images need Pillow: pip install 'decoctl[vision]' (or pip install pillow)") from exc
+        opened: Any
+        try:
+            if isinstance(image, (str, Path)):
+                opened = Image.open(image)
+            elif isinstance(image, (bytes, bytearray)):
+                opened = Image.open(io.BytesIO(image))
+            elif isinstance(image, Image.Image):
+                opened = image
+            else:
+                raise ConfigError(
+                    f"image {index} is a {type(image).__name__}: give a file path, the file's bytes or a PIL image"
+                )
+            opened.load()
+        except (UnidentifiedImageError, OSError) as exc:
+            raise ConfigError(f"image {index} ({_shown(image)}) is not an image Pillow can read: {exc}") from exc
+        picture = opened.convert("RGB")
+        height, width = self.size
+        picture = picture.resize((width, height), getattr(Image.Resampling, self.resample))
+        if self.crop is not None:
+            top, left = (height - self.crop[0]) // 2, (width - self.crop[1]) // 2
+            picture = picture.crop((left, top, left + self.crop[1], top + self.crop[0]))
+        pixels: np.ndarray = np.asarray(picture, dtype=np.float32)
+        if self.rescale is not None:
+            pixels = pixels * np.float32(self.rescale)
+        if self.mean is not None and self.std is not None:
+            pixels = (pixels - np.array(self.mean, np.float32)) / np.array(self.std, np.float32)
+        return np.ascontiguousarray(pixels.transpose(2, 0, 1), dtype=np.float32)
+
+
+def _triple(values: Any) -> tuple[float, float, float]:
+    first, second, third = (float(v) for v in values)
+    return first, second, third
+
+
+def _shown(image: Any) -> str:
+    if isinstance(image, (str, Path)):
+        return str(image)
+    return f"{len(image)} bytes" if isinstance(image, (bytes, bytearray)) else type(image).__name__
+
+
+@attrs.define
+class ImageFeatures:
+    """The features of one generation's images in prompt order, float32[rows, hidden], and how many rows each
+    image gave (one image token each)."""
+
+    rows: np.ndarray
+    per_image: tuple[int, ...]
+
+
+def read_embedding_table(path: Path, input_ids: str) -> np.ndarray | None:
+    """The token embedding table float32[vocab, hidden] of an embedding graph: the initializer a Gather reads
+    at ``input_ids``, inline or in external data; None where the graph keeps it some other way."""
+    model = path.read_bytes()
+    graphs = [f for f in pw.fields(model) if f.number == _MODEL_GRAPH]
+    if len(graphs) != 1:
+        return None
+    graph = list(pw.fields(graphs[0].payload))
+    tables = []
+    for field in graph:
+        if field.number != _GRAPH_NODE:
+            continue
+        parts = list(pw.fields(field.payload))
+        op = next((p.text for p in parts if p.number == _NODE_OP_TYPE), "")
+        inputs = [p.text for p in parts if p.number == _NODE_INPUT]
+        if op == "Gather" and len(inputs) == 2 and inputs[1] == input_ids:
+            tables.append(inputs[0])
+    for field in graph:
+        if field.number == _GRAPH_INITIALIZER:
+            tensor = _tensor(field.payload, path.parent)
+            if tensor is not None and tensor[0] in tables and tensor[1].ndim == 2:
+                return tensor[1]
+    return None
+
+
+def _tensor(payload: bytes, folder: Path) -> tuple[str, np.ndarray] | None:
+    dims: list[int] = []
+    name, data_type, data, floats = "", 0, None, []
+    external: dict[str, str] = {}
+    for field in pw.fields(payload):
+        if field.number == _TENSOR_DIMS:
+            dims.extend(pw.packed_varints(field))
+        elif field.number == _TENSOR_DATA_TYPE:
+            data_type = field.number_value
+        elif field.number == _TENSOR_NAME:
+            name = field.text
+        elif field.number == _TENSOR_RAW_DATA:
+            data = field.payload
+        elif field.number == _TENSOR_FLOAT_DATA:
+            floats.append(np.frombuffer(field.payload, "<f4"))
+        elif field.number == _TENSOR_EXTERNAL_DATA:
+            entry = {p.number: p.text for p in pw.fields(field.payload)}
+            external[entry.get(_ENTRY_KEY, "")] = entry.get(_ENTRY_VALUE, "")
+    if data_type not in (_FLOAT, _FLOAT16):
+        return None
+    dtype = np.dtype("<f4") if data_type == _FLOAT else np.dtype("<f2")
+    if external:
+        offset, length = int(external.get("offset", 0)), int(external.get("length", 0))
+        with open(folder / external["location"], "rb") as source:
+            source.seek(offset)
+            data = source.read(length or int(np.prod(dims)) * dtype.itemsize)
+    if data is not None:
+        array = np.frombuffer(data, dtype)
+    elif floats:
+        array = np.concatenate(floats)
+    else:
+        return None
+    return name, array.astype(np.float32).reshape(dims)
+
+
+class TokenEmbedder:
+    """The decoder's inputs_embeds for fed tokens: the embedding graph where image features go in, the table
+    elsewhere (see the module docstring). ``graph_runs`` counts the embedding graph's Runs."""
+
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        table: np.ndarray | None,
+        *,
+        image_token: int,
+        ids: str,
+        features: str,
+        output: str,
+    ) -> None:
+        self._session = session
+        self.table = table
+        self.image_token = image_token
+        self._names = (ids, features, output)
+        self.hidden = int(table.shape[1]) if table is not None else _last_dim(session, output)
+        self.graph_runs = 0
+
+    def embed(self, tokens: np.ndarray, features: np.ndarray | None) -> np.ndarray:
+        """float32[rows, n, hidden] for int64[rows, n] ``tokens``; ``features`` (float32[m, hidden]): the rows for
+        the image tokens among them, in order (None or m = 0: no image goes in)."""
+        if (features is None or not len(features)) and self.table is not None:
+            return self.table[tokens]
+        ids, feature_name, output = self._names
+        rows = features if features is not None else np.zeros((0, self.hidden), np.float32)
+        self.graph_runs += 1
+        return self._session.run([output], {ids: tokens, feature_name: rows})[0].astype(np.float32, copy=False)
+
+
+def _last_dim(session: ort.InferenceSession, name: str) -> int:
+    shape = next(o.shape for o in session.get_outputs() if o.name == name)
+    if not isinstance(shape[-1], int):
+        raise ModelLoadError(f"the embedding graph's {name} has no fixed width ({shape}): export it with one")
+    return shape[-1]
+
+
+class VisionParts:
+    """The vision encoder, the embedding stage and the image preprocessor of a vision-language model.
+    ``encoder_runs`` counts the vision encoder's Runs (one per image per generation)."""
+
+    def __init__(
+        self,
+        *,
+        vision: ort.InferenceSession,
+        pixel_input: str,
+        feature_output: str,
+        embedder: TokenEmbedder,
+        preprocessor: ImagePreprocessor,
+        image_token: int,
+    ) -> None:
+        self.vision = vision
+        self.pixel_input = pixel_input
+        self.feature_output = feature_output
+        self.embedder = embedder
+        self.preprocessor = preprocessor
+        self.image_token = image_token
+        self.encoder_runs = 0
+
+    def encode(self, images: Sequence[Any]) -> ImageFeatures:
+        """Run the vision encoder once per image; the features of every image, in order."""
+        if not images:
+            return ImageFeatures(rows=np.zeros((0, self.embedder.hidden), np.float32), per_image=())
+        pixels = self.preprocessor(images)
+        parts = []
+        for index in range(len(pixels)):
+            self.encoder_runs += 1
+            try:
+                out = self.vision.run([self.feature_output], {self.pixel_input: pixels[index : index + 1]})[0]
+            except Exception as exc:  # onnxruntime's own error types
+                raise ModelLoadError(
+                    f"the vision encoder fails on image {index} (pixel values {pixels[index : index + 1].shape}): "
+                    f"{exc}; check preprocessor_config.json's size against the encoder's input"
+                ) from exc
+            parts.append(np.asarray(out, np.float32).reshape(-1, out.shape[-1]))
+        return ImageFeatures(rows=np.concatenate(parts), per_image=tuple(len(p) for p in parts))
+
+    def expand(self, ids: Sequence[int], features: ImageFeatures) -> list[int]:
+        """The prompt's token ids with each image token expanded to its image's rows of image tokens (a prompt
+        holds one image token per image, where the image goes). Raises ConfigError where the counts differ."""
+        marks = [i for i, token in enumerate(ids) if token == self.image_token]
+        if len(marks) != len(features.per_image):
+            raise ConfigError(
+                f"the prompt holds {len(marks)} image token(s) (id {self.image_token}) for {len(features.per_image)} "
+                "image(s): put one image token in the prompt where each image goes, one per image given"
+            )
+        out: list[int] = []
+        last = 0
+        for mark, rows in zip(marks, features.per_image, strict=True):
+            out.extend(ids[last:mark])
+            out.extend([self.image_token] * rows)
+            last = mark + 1
+        out.extend(ids[last:])
+        return out
+
+
+def no_images(model_name: str) -> CapabilityError:
+    return CapabilityError(
+        f"images were given but model {model_name} has no vision encoder: use a vision-language model (its folder "
+        "names a vision and an embedding graph), or leave the images out"
+    )
+
+
+def too_many_image_tokens(model_name: str, fed: int, held: int) -> SequenceError:
+    return SequenceError(
+        f"model {model_name}: {fed} image token positions of the prompt need features but its images gave {held} "
+        "rows: give the images the prompt's image tokens stand for"
+    )
