@@ -1,4 +1,4 @@
-"""``decoctl eagle train|import|info|eval``: the subcommand the eagle plugin adds to decoctl (hook decoctl_commands).
+"""``decoctl eagle train|data|import|info|eval``: the subcommand the eagle plugin adds to decoctl (decoctl_commands).
 
 Only argparse is set up here, since decoctl builds every plugin's parser on each run; the work, and its imports
 (onnx, torch), happen in ``run``.
@@ -23,7 +23,7 @@ TRAINER = "decoctl_eagle.train"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    commands = parser.add_subparsers(dest="eagle_command", required=True, metavar="{train,import,info,eval}")
+    commands = parser.add_subparsers(dest="eagle_command", required=True, metavar="{train,data,import,info,eval}")
     train = commands.add_parser(
         "train",
         help="train a head for a target from its own features (decoctl eagle train --help for its options)",
@@ -32,6 +32,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # the trainer parses its own arguments (and imports torch) only when it runs: argparse hands it them all,
     # options included, which a REMAINDER positional would not when the first one is an option
     train.__class__ = _Verbatim
+    data = commands.add_parser(
+        "data",
+        help="training text in the target's own words: its greedy continuations of diverse prompts (resumable)",
+        description="Cut diverse prompts (code, prose, instructions, edits) from text this machine has offline (the "
+        "Python standard library, /usr/share/doc, manual pages), or take your own, and have the target continue each "
+        "with batched greedy decoding. Writes DIR/data.jsonl, which decoctl eagle train --data reads. Run the same "
+        "command again to go on after an interruption.",
+    )
+    data.add_argument("--target", required=True, metavar="MODEL", help="the target: registered name or folder")
+    data.add_argument("--out", required=True, type=Path, metavar="DIR", help="where the prompts and the data go")
+    data.add_argument("--prompts", type=int, default=3000, metavar="N", help="prompts to cut (3000)")
+    data.add_argument(
+        "--prompt-file", type=Path, metavar="FILE", help="your own prompts instead: one a line, or JSONL 'prompt'"
+    )
+    data.add_argument("--new-tokens", type=int, default=256, metavar="N", help="tokens the target adds to each (256)")
+    data.add_argument("--batch", type=int, default=16, metavar="N", help="prompts generated together (16)")
+    data.add_argument("--seed", type=int, default=0, help="the seed the prompts are cut with (0)")
+    data.add_argument("--threads", type=int, help="onnxruntime's intra-op threads (default: its own choice)")
+    data.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     imports = commands.add_parser(
         "import",
         help="convert a published EAGLE-1/2 or EAGLE-3 head (config.json + model.safetensors or pytorch_model.bin)",
@@ -91,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         return _train(list(args.train_arguments))
     if command == "eval":
         return _evaluate(args)
+    if command == "data":
+        return _data(args)
     if importlib.util.find_spec("onnx") is None:
         raise ConfigError(f"decoctl eagle {command} reads and writes ONNX graphs: pip install 'decoctl-eagle[import]'")
     plugins = PluginRegistry()
@@ -137,6 +158,58 @@ def _evaluate(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.as_dict(), indent=2) + "\n", encoding="utf-8")
     return 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    from decoctl_eagle.distilled import make_data
+
+    bar = _progress(args.progress, args.prompts * args.new_tokens if not args.prompt_file else None)
+    try:
+        summary = make_data(
+            args.target,
+            args.out,
+            prompts=args.prompts,
+            new_tokens=args.new_tokens,
+            batch=args.batch,
+            seed=args.seed,
+            threads=args.threads,
+            prompt_file=args.prompt_file,
+            say=lambda line: print(line, file=sys.stderr),
+            report=bar,
+        )
+    except KeyboardInterrupt:
+        print(f"interrupted: run the same command again to go on ({args.out / 'data.jsonl'} keeps what is done)")
+        return 130
+    finally:
+        bar(None)
+    rate = summary.new_tokens / summary.seconds if summary.seconds else 0.0
+    print(
+        f"{summary.data}: {summary.done} of {summary.prompts} prompts continued ({summary.new_tokens} tokens "
+        f"generated now, {rate:.1f} tokens/s)"
+    )
+    if summary.finished:
+        print(f"train a head on it: decoctl eagle train --target {args.target} --data {summary.data} --out DIR")
+    return 0
+
+
+def _progress(enabled: bool, total: int | None) -> Any:
+    """``advance(n)`` for a tqdm bar of generated tokens on stderr when tqdm is there and ``enabled``;
+    ``advance(None)`` closes it."""
+    try:
+        from tqdm import tqdm
+    except ModuleNotFoundError:
+        return lambda n: None
+    bar = tqdm(
+        total=total, desc="data", unit="tok", unit_scale=True, file=sys.stderr, disable=None if enabled else True
+    )
+
+    def advance(n: int | None) -> None:
+        if n is None:
+            bar.close()
+        else:
+            bar.update(n)
+
+    return advance
 
 
 def _train(argv: list[str]) -> int:
