@@ -156,12 +156,20 @@ class Remembers(Cycle):
         del prompt
 
 
+class Clones(Remembers):
+    """Remembers, with a clone() for each further output."""
+
+    def clone(self) -> Clones:
+        return Clones({})
+
+
 class CyclePlugin:
     @hookimpl
     def decoctl_logits_processors(self) -> list[ProcessorSpec]:
         return [
             ProcessorSpec(name="cycle", summary="favour a cycle of four tokens", factory=Cycle),
             ProcessorSpec(name="remembers", summary="cycle with state", factory=Remembers),
+            ProcessorSpec(name="clones", summary="cycle with state and clone()", factory=Clones),
         ]
 
 
@@ -182,6 +190,14 @@ def test_new_output_with_a_stateful_processor_is_refused_naming_it(genai_model: 
     assert isinstance(caught.value.__cause__, ConfigError)
     assert "holds state per sequence (remembers)" in str(caught.value.__cause__)
     assert "which returned -5" in "".join(caught.value.__cause__.__notes__)  # DECOCTL_ERR_ARGUMENT
+
+
+def test_new_output_with_a_stateful_processor_that_clones_serves_every_output(genai_model: Path, c_rows: Path) -> None:
+    registry = PluginRegistry(autoload=False)
+    registry.register(CyclePlugin(), "cycle")
+    expected = generate(genai_model, "greedy", registry, n=16, processors="clones")
+    result = generate(genai_model, f"{c_rows}:parallel_greedy", registry, n=16, processors="clones")
+    assert [c.tokens for c in result.completions] == [expected.tokens] * 2
 
 
 def test_parallel_greedy_keeps_its_step_outputs_alive_in_debug_mode(
