@@ -72,8 +72,9 @@ def resolve_controller(
     """The spec of a controller given as a registered name, ``path/to/file.py:Class``, ``package.module:Class``,
     ``lib.so:name`` or ``lib.so`` (the library's controller, when it provides exactly one), a controller class (built
     with its options, as a named one is: ``controller_spec_of``) or a ready instance (used as it is for every
-    generation). ``options``: what the caller will pass, checked only against what the reference can take (an
-    instance takes none: it is built already; a class whose ``__init__`` takes no argument takes none either)."""
+    generation); a ControllerSpec is taken as it is. ``options``: what the caller will pass, checked here only against
+    what the reference can take (an instance takes none: it is built already; a class whose ``__init__`` takes no
+    argument takes none either)."""
     if isinstance(reference, ControllerSpec):
         return reference
     if not isinstance(reference, str):
@@ -130,10 +131,7 @@ def controller_spec_of(target: Callable[..., Any], *, plugin: str, name: str | N
     if isinstance(target, type):
         checked_controller(target, label)
     doc = inspect.getdoc(target) or ""
-    fields = {field: getattr(target, field) for field in _CLASS_FIELDS if getattr(target, field, None) is not None}
-    fields["roles"] = tuple(fields.get("roles", ("target",)))
-    fields["capabilities"] = dict(fields.get("capabilities", {}))
-    fields["options"] = tuple(fields.get("options", ()))
+    fields = _declared(target)
     factory: Callable[[dict[str, Any]], Any] = target
     if isinstance(target, type) and not _takes_options(target):
         if fields["options"]:
@@ -177,12 +175,7 @@ def _instance_spec(controller: object, options: Mapping[str, Any] | None) -> Con
             f"controller {name} is an instance, built already, but options {dict(options)} were given: pass the class "
             f"({name}) to have it built with them, or build the instance with them yourself"
         )
-    fields = {
-        field: getattr(controller, field) for field in _CLASS_FIELDS if getattr(controller, field, None) is not None
-    }
-    fields["roles"] = tuple(fields.get("roles", ("target",)))
-    fields["capabilities"] = dict(fields.get("capabilities", {}))
-    fields["options"] = ()
+    fields = {**_declared(controller), "options": ()}
     doc = inspect.getdoc(cls) or ""
     return ControllerSpec(
         name=name,
@@ -191,6 +184,16 @@ def _instance_spec(controller: object, options: Mapping[str, Any] | None) -> Con
         plugin=cls.__module__,
         **fields,
     )
+
+
+def _declared(target: object) -> dict[str, Any]:
+    """The ControllerSpec fields ``target`` (a class or an instance) declares as attributes (``_CLASS_FIELDS``), with
+    the spec's defaults for roles, capabilities and options."""
+    fields = {field: getattr(target, field) for field in _CLASS_FIELDS if getattr(target, field, None) is not None}
+    fields["roles"] = tuple(fields.get("roles", ("target",)))
+    fields["capabilities"] = dict(fields.get("capabilities", {}))
+    fields["options"] = tuple(fields.get("options", ()))
+    return fields
 
 
 def _takes_options(cls: type) -> bool:
