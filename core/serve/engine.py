@@ -14,7 +14,8 @@ Each iteration of the engine's loop (decoctl.batch's loop, with rows that come a
 3. each completion advances one step: a controller that can step one row among many (``ControllerSpec.batched``,
    a RowController: greedy, sample) picks its next token from its row's logits and the engine commits it; any other
    controller (a drafting one: speculative, lookahead, EAGLE) runs its own step on its row, verifying in its own
-   forward;
+   forward; a speculating row whose tokens are greedy's joins the batched step when the engine's cost rule
+   (decoctl.serve.join_rule) finds that its steps stall the batch more than they gain;
 4. one ``Rows.step`` feeds the picked tokens of every row still running, in one onnxruntime Run;
 5. what each completion committed goes to its request's ``on_event``.
 A finished completion frees its row at once and the next waiting request takes it. Every completion's output is the
@@ -38,7 +39,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from decoctl.controllers import RowController
+from decoctl.controllers import Greedy, RowController
 from decoctl.errors import ConfigError, ControllerError, DecoctlError
 from decoctl.generate import Generator
 from decoctl.host import Host, Sequence, SequenceStats, role_flag
@@ -48,6 +49,7 @@ from decoctl.output import Output, StopRules
 from decoctl.plugins import PluginRegistry
 from decoctl.resolve import parse_processor_chain
 from decoctl.rows import Rows
+from decoctl.serve.join_rule import JoinRule
 from decoctl.specs import ControllerSpec, normalise_name
 
 __all__ = [
@@ -206,6 +208,8 @@ class _Slot:
     forwards_at_decode: int = 0
     #: the prompt tokens still to prefill, a chunk an engine step (with the engine's prefill_chunk); None once in
     prompt: np.ndarray | None = None
+    #: a speculating row whose output is greedy's: the engine's JoinRule may move it into the batched Run
+    joinable: bool = False
 
 
 class Engine:
@@ -216,6 +220,8 @@ class Engine:
     :param max_rows: rows of the target's KV buffer: completions that run at once.
     :param max_queue: requests that may wait for rows; one more is refused with QueueFullError.
     :param max_length: positions of each row (default: the model's).
+    :param join_rule: when a speculating row joins the batched step (decoctl.serve.join_rule; default its cost rule).
+    :param clock: what the join rule's costs are measured with (seconds).
     :param prefill_chunk: feed prompts in chunks of this many tokens, one chunk an engine step, so that a long prompt
         delays the other rows' next token by one chunk's forward at most (None: a prompt whole, when admitted).
     """
@@ -230,6 +236,8 @@ class Engine:
         max_length: int | None = None,
         prefill_chunk: int | None = None,
         debug: bool | None = None,
+        join_rule: JoinRule | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if "target" not in models:
             raise ConfigError("the engine needs a 'target' model")
@@ -269,6 +277,9 @@ class Engine:
         self.batched_runs = 0
         self.completions = 0
         self.cancelled = 0
+        self.joined = 0
+        self.join_rule = join_rule or JoinRule()
+        self._clock = clock
 
     # -- the caller's side (any thread) ------------------------------------------------------------------------
     @property
@@ -438,6 +449,7 @@ class Engine:
         self._admit()
         stepped: list[int] = []
         tokens: list[int] = []
+        batch = sum(1 for s in self._slots.values() if s.batched and s.prompt is None)
         for row, slot in list(self._slots.items()):
             if self._slots.get(row) is not slot:  # ended with another completion of its request
                 continue
@@ -447,6 +459,12 @@ class Engine:
                 except Exception as exc:
                     self._fail_request(slot.handle, exc)
                 continue
+            if slot.joinable and self.join_rule.joins(slot, batch):
+                pending = self._join(slot)
+                if pending is not None:
+                    stepped.append(row)
+                    tokens.append(pending)
+                    continue
             try:
                 token = self._advance(slot)
             except Exception as exc:
@@ -458,7 +476,9 @@ class Engine:
                 stepped.append(row)
                 tokens.append(token)
         if stepped:
+            began = self._clock()
             self.rows.step(tokens, rows=stepped)
+            self.join_rule.observe_run(len(stepped), self._clock() - began)
             self.batched_runs += 1
         self.steps += 1
         for slot in list(self._slots.values()):
@@ -476,8 +496,11 @@ class Engine:
             return token
         target = host.target
         before, forwards = len(host.output_tokens), target.stats.forwards
+        began = self._clock()
         slot.controller.step(host)
         committed = len(host.output_tokens) - before
+        if slot.joinable:
+            self.join_rule.observe_step(slot, committed, self._clock() - began)
         if committed == 0 and not host.done:
             raise ControllerError(
                 f"controller {slot.handle.plan.spec.name!r} made a step that committed no token and did not finish"
@@ -487,6 +510,20 @@ class Engine:
         slot.drafted_now += drafted
         slot.drafted += drafted
         return None
+
+    def _join(self, slot: _Slot) -> int | None:
+        """Move a speculating row into the batched step: its pending token (committed, not yet in the target's KV,
+        as a verifying controller leaves it) is fed in this step's Run and greedy steps it from then on. None (and
+        the row keeps its controller) when its KV is not in that state."""
+        slot.joinable = False
+        self.join_rule.forget(slot)
+        host = slot.host
+        output = host.output_tokens
+        if not len(output) or host.target.length != len(host.prompt_tokens) + len(output) - 1:
+            return None
+        slot.controller, slot.batched = Greedy(), True
+        self.joined += 1
+        return int(output[-1])
 
     def _admit(self) -> None:
         while True:
@@ -568,6 +605,7 @@ class Engine:
             self._release(slot)
             raise
         slot.forwards_at_decode = target.stats.forwards
+        slot.joinable = _greedy_verifier(slot)
         return slot
 
     def _prefill(self, slot: _Slot) -> None:
@@ -581,6 +619,7 @@ class Engine:
         slot.prompt = None
         slot.controller.start(slot.host)
         slot.forwards_at_decode = target.stats.forwards
+        slot.joinable = _greedy_verifier(slot)
 
     def _sequence(self, role: str) -> Sequence:
         spare = self._spare[role]
@@ -603,6 +642,7 @@ class Engine:
             if role != "target":
                 self._spare[role].append(sequence)
         slot.roles = {}
+        self.join_rule.forget(slot)
 
     def _flush(self, slot: _Slot) -> None:
         if not slot.committed:
@@ -661,6 +701,12 @@ class Engine:
         for row in range(self.max_rows):
             self.rows[row].rewind(0)
         self._free = list(range(self.max_rows))
+
+
+def _greedy_verifier(slot: _Slot) -> bool:
+    """Whether a completion's controller drafts and verifies greedily (it records so in the trace, as decoctl's
+    drafting controllers do): its tokens are greedy's, so greedy may take its row over."""
+    return not slot.batched and slot.host.trace.get("acceptance") == "greedy-exact-match"
 
 
 def _stop_reason(host: Host) -> str | None:

@@ -33,6 +33,12 @@ class Metrics:
             "decoctl_completions_cancelled", "completions ended because their client left", registry=self.registry
         )
         cancelled.set_function(lambda: engine.cancelled)
+        joined = Gauge(
+            "decoctl_rows_joined",
+            "speculating rows the cost rule moved into the batched step (their tokens unchanged)",
+            registry=self.registry,
+        )
+        joined.set_function(lambda: engine.joined)
         self.prompt_tokens = Counter(
             "decoctl_prompt_tokens", "prompt tokens of admitted requests", ("controller",), registry=self.registry
         )

@@ -13,6 +13,7 @@ import pytest
 from decoctl import ControllerSpec, Generator, hookimpl, load_model
 from decoctl.chat_template import ChatPrompt
 from decoctl.serve.engine import Delta, Engine, EngineClosedError, EngineRequest, Failed, Finished
+from decoctl.serve.join_rule import JoinRule
 
 from .conftest import plugin_registry
 
@@ -41,11 +42,25 @@ class BrokenPlugin:
         return [ControllerSpec(name="broken", summary="fails on its third step", factory=Broken)]
 
 
+class Never(JoinRule):
+    """A join rule that keeps every speculating row drafting."""
+
+    def joins(self, row: Any, batch_rows: int) -> bool:
+        return False
+
+
+class AfterTwoSteps(JoinRule):
+    """A join rule that moves a speculating row into the batched step after its second step."""
+
+    def joins(self, row: Any, batch_rows: int) -> bool:
+        return len(self._steps.get(row, ())) >= 2
+
+
 @pytest.fixture
 def engine(tiny_model: Path) -> Iterator[Engine]:
     registry = plugin_registry()
     registry.register(BrokenPlugin(), "broken")
-    made = Engine({"target": load_model(tiny_model)}, registry=registry, max_rows=4, max_queue=32)
+    made = Engine({"target": load_model(tiny_model)}, registry=registry, max_rows=4, max_queue=32, join_rule=Never())
     yield made
     made.close(drain=False)
 
@@ -175,3 +190,40 @@ def test_a_long_prompt_prefills_a_chunk_a_step_while_other_rows_decode(tiny_mode
     offline = Generator({"target": engine.models["target"]}, "greedy", registry=registry, prefill_chunk=4)
     prompt = ChatPrompt(engine.models["target"].tokenizer.decode(long), long)  # these ids exactly
     assert finished["long"].tokens == offline.generate(prompt, max_new_tokens=5).tokens
+
+
+def test_a_speculating_row_the_join_rule_moves_into_the_batch_keeps_greedys_tokens(tiny_model: Path) -> None:
+    registry = plugin_registry()
+    engine = Engine({"target": load_model(tiny_model)}, registry=registry, max_rows=2, join_rule=AfterTwoSteps())
+    text = "def f(x):\n    return x\n\n\ndef f(x):\n"
+    greedy, lookup = queue.Queue[Any](), queue.Queue[Any]()
+    engine.submit(EngineRequest(ids=ids(engine, text), max_new_tokens=16), greedy.put)
+    options = {"drafter": "prompt-lookup"}
+    request = EngineRequest(ids=ids(engine, text), max_new_tokens=16, controller="speculative", options=options)
+    engine.submit(request, lookup.put)
+    engine.start()
+    plain = next(e for e in collect(greedy, 1) if isinstance(e, Finished))
+    events = collect(lookup, 1)
+    joined = next(e for e in events if isinstance(e, Finished))
+    engine.close()
+    assert engine.joined == 1
+    assert joined.tokens == plain.tokens
+    # two steps of its own, then its pending token fed in a batched Run and one token a Run: the greedy row's 15
+    # Runs, and as many more as the joined row needs after the greedy row ended
+    own = sum(len(e.tokens) for e in events[:2])
+    assert engine.batched_runs == max(15, 2 + 16 - own)
+
+
+def test_a_sampling_speculating_row_never_joins(tiny_model: Path) -> None:
+    registry = plugin_registry()
+    engine = Engine({"target": load_model(tiny_model)}, registry=registry, max_rows=2, join_rule=AfterTwoSteps())
+    events = queue.Queue[Any]()
+    options = {"drafter": "prompt-lookup", "sampling": True}
+    engine.submit(
+        EngineRequest(ids=ids(engine, "x = 1"), max_new_tokens=8, seed=1, controller="speculative", options=options),
+        events.put,
+    )
+    engine.start()
+    collect(events, 1)
+    engine.close()
+    assert engine.joined == 0
