@@ -919,7 +919,9 @@ def generate(
     **generator_options: Any,
 ) -> GenerationResult:
     """One-shot generation: ``decoctl.generate("def f(x):", model="path/or/name", controller="greedy")``;
-    ``images``: a vision-language model's images, one per image token of the prompt."""
+    ``controller`` takes what Generator takes (a name, a path, a class or an instance), and so do the other
+    Generator arguments (``options``, ``processors``, ...); ``images``: a vision-language model's images, one per image
+    token of the prompt."""
     models: dict[str, str | Path | None] = {"target": model, **(roles or {})}
     generator = Generator(models, controller, **generator_options)
     return generator.generate(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed, images=images)
