@@ -43,6 +43,11 @@ def test_the_names_a_plugin_imports_load_no_model_runtime() -> None:
     assert "onnxruntime" not in loaded and "decoctl.host" not in loaded
 
 
+def test_processor_chains_and_the_transformers_adapter_load_no_torch_until_one_is_made() -> None:
+    loaded = loaded_after("import decoctl\nimport decoctl.resolve\ndecoctl.from_transformers")
+    assert "torch" not in loaded and "transformers" not in loaded
+
+
 @pytest.mark.parametrize("module", ["decoctl.importers.registry", "decoctl.resolve"])
 def test_reading_the_model_registry_loads_no_importer(module: str) -> None:
     assert "decoctl.importers.gemma3" not in loaded_after(f"import {module}")
