@@ -136,6 +136,7 @@ def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((args.host, args.port))
+        sock.listen(2048)  # clients may connect from now on: the kernel queues them until the server accepts
     except OSError as exc:
         sock.close()
         raise ConfigError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}): pick another --port") from None
