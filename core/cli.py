@@ -17,7 +17,7 @@ import attrs
 
 from decoctl.batch import BatchPrompt, read_prompts
 from decoctl.bench import HUGE_PAGES_HELP, add_bench_parser, run_bench
-from decoctl.errors import DecoctlError, GenerationError, PluginError
+from decoctl.errors import ConfigError, DecoctlError, GenerationError, PluginError
 from decoctl.generate import GenerationResult, GenerationStats, Generator
 from decoctl.importers import IMPORTERS, import_model
 from decoctl.importers.registry import load_registry
@@ -85,6 +85,13 @@ def _add_generate(commands: Any) -> None:
     gen.add_argument("--max-new-tokens", "-n", type=int)
     gen.add_argument("--seed", type=int)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an image for a vision-language model (repeatable): one per image token of the prompt, in order",
+    )
     gen.add_argument("--threads", type=int, help="intra-op threads (default: cores/2, as onnxruntime-genai)")
     gen.add_argument("--prefill-chunk", type=int, help="feed the prompt this many tokens per forward")
     gen.add_argument("--config", help="a run file (TOML or JSON) declaring roles, controller, limits")
@@ -159,7 +166,11 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         "seed": pick(args.seed, "seed", 0),
     }
     if batch is not None:
+        if args.image:
+            raise ConfigError("--image goes with one prompt; with --prompts, give each prompt its own run")
         return _run_batch(generator, batch, args.batch_size, kwargs, args.stats)
+    if args.image:
+        kwargs["images"] = tuple(args.image)
     out = sys.stdout
     # with --no-stream the pieces are collected rather than printed, so that an interrupt still prints them; so
     # they are with several rows per prompt (parallel samples, beams), whose first completion is known at the end

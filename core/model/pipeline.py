@@ -87,34 +87,27 @@ class Pipeline:
         """Check the description against each session's (inputs, outputs), read from its graph; raise
         ModelLoadError naming the file, the edge and the fix for the first fault."""
         names = set(self.names)
+        for edge in self.edges:  # first every endpoint: the sessions and ports named exist
+            self._check_ends(edge, names, ports)
+        cycle = self._cycle()
+        if cycle:
+            raise ModelLoadError(
+                f"{self.origin}: the sessions feed each other in a cycle ({' -> '.join(cycle)}): a session's outputs "
+                "may only feed sessions that run after it; remove one of those edges"
+            )
         fed: dict[tuple[str, str], Edge] = {}
         for edge in self.edges:
             (source, output), (target, input_) = edge.ends()
-            for session, role in ((source, "source"), (target, "target")):
-                if session not in names:
-                    raise self._error(edge, f"its {role} session {session!r} is not one of {sorted(names)}")
-            if not output or not input_:
-                raise self._error(edge, 'each end is "session.port"')
-            outputs = {p.name: p for p in ports[source][1]}
-            if output not in outputs:
-                owner = [s for s in self.names if any(p.name == output for p in ports[s][1])]
-                where = (
-                    f"it is an output of {owner[0]!r}, not of {source!r}"
-                    if owner
-                    else (f"{source!r} has the outputs {sorted(outputs)}")
-                )
-                raise self._error(edge, f"{source!r} has no output {output!r}: {where}")
-            inputs = {p.name: p for p in ports[target][0]}
-            if input_ not in inputs:
-                raise self._error(edge, f"{target!r} has no input {input_!r}: it has {sorted(inputs)}")
             if (target, input_) in fed:
                 raise self._error(edge, f"{target}.{input_} is already fed by {fed[(target, input_)].source}")
             if input_ in self.stage(target).host_inputs:
                 raise self._error(edge, f"{target}.{input_} is fed by the host; an edge cannot feed it too")
             fed[(target, input_)] = edge
+            outputs = {p.name: p for p in ports[source][1]}
+            inputs = {p.name: p for p in ports[target][0]}
             _check_match(self, edge, outputs[output], inputs[input_])
+        sources = {e.ends()[0][0] for e in self.edges}
         for stage in self.stages:
-            sources = {e.ends()[0][0] for e in self.edges}
             if stage.phase != "step" and stage.name not in sources:
                 raise ModelLoadError(
                     f"{self.origin}: session {stage.name!r} feeds nothing (no edge leaves it): connect its output to "
@@ -128,12 +121,28 @@ class Pipeline:
                         f"{self.origin}: input {stage.name}.{port.name} is fed by no edge and not by the host: add an "
                         f'edge "<session>.<output>" -> "{stage.name}.{port.name}", or check its spelling'
                     )
-        cycle = self._cycle()
-        if cycle:
-            raise ModelLoadError(
-                f"{self.origin}: the sessions feed each other in a cycle ({' -> '.join(cycle)}): a session's outputs "
-                "may only feed sessions that run after it; remove one of those edges"
+
+    def _check_ends(
+        self, edge: Edge, names: set[str], ports: Mapping[str, tuple[tuple[Port, ...], tuple[Port, ...]]]
+    ) -> None:
+        (source, output), (target, input_) = edge.ends()
+        for session, role in ((source, "source"), (target, "target")):
+            if session not in names:
+                raise self._error(edge, f"its {role} session {session!r} is not one of {sorted(names)}")
+        if not output or not input_:
+            raise self._error(edge, 'each end is "session.port"')
+        outputs = {p.name for p in ports[source][1]}
+        if output not in outputs:
+            owner = [s for s in self.names if any(p.name == output for p in ports[s][1])]
+            where = (
+                f"it is an output of {owner[0]!r}, not of {source!r}"
+                if owner
+                else f"{source!r} has the outputs {sorted(outputs)}"
             )
+            raise self._error(edge, f"{source!r} has no output {output!r}: {where}")
+        inputs = {p.name for p in ports[target][0]}
+        if input_ not in inputs:
+            raise self._error(edge, f"{target!r} has no input {input_!r}: it has {sorted(inputs)}")
 
     def _cycle(self) -> list[str]:
         after: dict[str, set[str]] = {name: set() for name in self.names}
