@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 PROMPT ?= def fibonacci(n):
 
-.PHONY: setup setup-test demo test test-exports test-page lint bench real-model-bench eagle-demo encdec-demo clean
+.PHONY: setup setup-test demo test test-exports test-ray test-page lint bench real-model-bench eagle-demo encdec-demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,7 @@ lint: $(TEST_STAMP)
 test: lint
 	$(BIN)/python -m pytest -q
 	$(MAKE) test-exports
+	$(MAKE) test-ray
 
 # Optimum's real exports: optimum-onnx pins an older transformers than the main test environment has, so those
 # tests run in an environment of their own (elsewhere they skip, saying why)
@@ -56,6 +57,19 @@ $(EXPORTS_VENV)/.installed: pyproject.toml setup.py
 test-exports: $(EXPORTS_VENV)/.installed
 	$(EXPORTS_VENV)/bin/python -m pytest -q tests/exports tests/encdec/test_optimum_seq2seq.py \
 		tests/encdec/test_bench_transformers.py
+
+# decoctl.ray on a local two-CPU Ray cluster: Ray pins its own versions, so its tests run in an environment of their
+# own (elsewhere they skip, saying why); the whole run is bounded in time, so a hang fails rather than waits
+RAY_VENV := build/venv-ray
+$(RAY_VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(RAY_VENV)
+	$(RAY_VENV)/bin/pip install -q --upgrade pip
+	$(RAY_VENV)/bin/pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels) -e '.[ray,test]' \
+		-e plugins/models
+	touch $@
+
+test-ray: $(RAY_VENV)/.installed
+	timeout 600 $(RAY_VENV)/bin/python -m pytest -q tests/cluster
 
 # the server's chat page in headless Chromium through Playwright (opt-in, not CI): Debian's chromium, not a download
 test-page: $(TEST_STAMP)

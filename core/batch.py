@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import numpy as np
@@ -37,7 +37,18 @@ from decoctl.processing import ProcessorChain
 from decoctl.rows import Rows
 from decoctl.specs import ControllerSpec
 
-__all__ = ["BatchPrompt", "BatchSlot", "one_at_a_time", "read_prompt_records", "read_prompts", "run_batch"]
+if TYPE_CHECKING:
+    from decoctl.generate import GenerationResult
+
+__all__ = [
+    "BatchPrompt",
+    "BatchSlot",
+    "one_at_a_time",
+    "read_prompt_records",
+    "read_prompts",
+    "result_record",
+    "run_batch",
+]
 
 #: the keys a line of a prompts file may hold
 PROMPT_KEYS = ("prompt", "max_new_tokens", "seed", "stop")
@@ -137,6 +148,30 @@ def read_prompts(path: str | Path) -> list[BatchPrompt]:
     """The prompts of a JSONL file: one JSON object a line with a "prompt" string and optionally "max_new_tokens",
     "seed" and "stop". ConfigError naming the file and line for anything else."""
     return [BatchPrompt.of(record, where) for where, record in read_prompt_records(path)]
+
+
+def result_record(index: int, result: GenerationResult) -> dict[str, Any]:
+    """One prompt's result as ``decoctl generate --prompts`` writes it, one JSON object a line: its ``index`` in the
+    file, the ``text``, the ``stats`` (prompt_tokens, new_tokens, stop_reason, seconds, tokens_per_second, batched)
+    and, where the controller gave several, every ``completions`` entry (text, stop_reason, score)."""
+    stats = result.stats
+    record: dict[str, Any] = {
+        "index": index,
+        "text": result.text,
+        "stats": {
+            "prompt_tokens": stats.prompt_tokens,
+            "new_tokens": stats.new_tokens,
+            "stop_reason": stats.stop_reason,
+            "seconds": round(stats.prefill_seconds + stats.decode_seconds, 6),
+            "tokens_per_second": round(stats.tokens_per_second, 3),
+            "batched": stats.trace.get("batched"),
+        },
+    }
+    if len(result.completions) > 1:
+        record["completions"] = [
+            {"text": c.text, "stop_reason": c.stop_reason, "score": c.score} for c in result.completions
+        ]
+    return record
 
 
 def one_at_a_time(

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import attrs
 
-from decoctl.batch import BatchPrompt, read_prompts
+from decoctl.batch import BatchPrompt, read_prompts, result_record
 from decoctl.bench import HUGE_PAGES_HELP, add_bench_parser, run_bench
 from decoctl.errors import ConfigError, DecoctlError, GenerationError, PluginError
 from decoctl.generate import GenerationResult, GenerationStats, Generator
@@ -109,6 +109,18 @@ def _add_generate(commands: Any) -> None:
         type=int,
         help="with --prompts: how many prompts run at once, their rows stepped together (default 8)",
     )
+    gen.add_argument(
+        "--ray-actors",
+        type=int,
+        metavar="N",
+        help="with --prompts: run them on N Ray actors, each with its own models and --batch-size rows, writing the "
+        "lines in the file's order (needs pip install 'decoctl[ray]'; --threads per actor, default 1)",
+    )
+    gen.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="with --ray-actors: the Ray cluster to join (HOST:PORT, ray://HOST:PORT or auto; default: a local one)",
+    )
 
 
 def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
@@ -132,6 +144,10 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         raise DecoctlError(
             "--batch-size needs --prompts FILE.jsonl: it sets how many of the file's prompts run at once"
         )
+    if args.ray_actors is not None and batch is None:
+        raise DecoctlError("--ray-actors needs --prompts FILE.jsonl: the actors share the file's prompts")
+    if args.ray_address is not None and args.ray_actors is None:
+        raise DecoctlError("--ray-address needs --ray-actors N: how many actors to run on that cluster")
     prompt = args.prompt if args.prompt is not None else (run.prompt if run else None)
     if prompt == "-":
         prompt = _read_stdin()
@@ -149,6 +165,30 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         value = getattr(run, file_attr) if run else None
         return default if value is None else value
 
+    if args.ray_actors is not None:
+        from decoctl.ray.command import run_prompts
+
+        return run_prompts(
+            batch or [],
+            generator={
+                "models": roles,
+                "controller": pick(args.controller, "controller", "greedy"),
+                "options": options,
+                "processors": pick(args.processors, "processors", None),
+                "threads": pick(args.threads, "threads", 1),
+                "prefill_chunk": pick(args.prefill_chunk, "prefill_chunk", None),
+                "huge_pages": not args.no_huge_pages,
+            },
+            batch_size=args.batch_size or 8,
+            actors=args.ray_actors,
+            address=args.ray_address,
+            limits={
+                "max_new_tokens": pick(args.max_new_tokens, "max_new_tokens", 128),
+                "stop": tuple(args.stop) or (run.stop if run else ()),
+                "seed": pick(args.seed, "seed", 0),
+            },
+            stats=args.stats,
+        )
     generator = Generator(
         roles,
         pick(args.controller, "controller", "greedy"),
@@ -217,12 +257,7 @@ def _run_batch(
     tokens = 0
     how = ""
     for index, result in generator.stream_batch(prompts, batch_size=batch_size or 8, **kwargs):
-        line: dict[str, Any] = {"index": index, "text": result.text, "stats": _batch_stats(result.stats)}
-        if len(result.completions) > 1:
-            line["completions"] = [
-                {"text": c.text, "stop_reason": c.stop_reason, "score": c.score} for c in result.completions
-            ]
-        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+        out.write(json.dumps(result_record(index, result), ensure_ascii=False) + "\n")
         out.flush()
         tokens += result.stats.new_tokens
         how = result.stats.trace.get("batched", "")
@@ -234,18 +269,6 @@ def _run_batch(
             file=sys.stderr,
         )
     return 0
-
-
-def _batch_stats(stats: GenerationStats) -> dict[str, Any]:
-    """A prompt's stats in its JSON line."""
-    return {
-        "prompt_tokens": stats.prompt_tokens,
-        "new_tokens": stats.new_tokens,
-        "stop_reason": stats.stop_reason,
-        "seconds": round(stats.prefill_seconds + stats.decode_seconds, 6),
-        "tokens_per_second": round(stats.tokens_per_second, 3),
-        "batched": stats.trace.get("batched"),
-    }
 
 
 def _print_more_completions(result: GenerationResult, out: TextIO) -> None:

@@ -1,0 +1,33 @@
+"""decoctl.ray: past one machine, on Ray (the ray extra: pip install 'decoctl[ray]').
+
+batch.py     generate_dataset: a Ray Data dataset's prompts on a pool of actors, each a Generator batching its rows
+command.py   ``decoctl generate --prompts FILE --ray-actors N``
+cluster.py   Ray imported only when asked for, a cluster joined or started, its CPUs counted before anything loads
+
+Names load on first use (PEP 562), and none imports Ray until it runs: importing this package loads neither Ray nor
+a model.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from decoctl.ray.batch import generate_dataset, prompt_dataset
+
+_EXPORTS = {
+    "generate_dataset": "decoctl.ray.batch",
+    "prompt_dataset": "decoctl.ray.batch",
+}
+
+__all__ = ["generate_dataset", "prompt_dataset"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'decoctl.ray' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

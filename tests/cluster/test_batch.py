@@ -1,0 +1,128 @@
+"""Batch generation on Ray Data (decoctl.ray.generate_dataset, decoctl generate --ray-actors): every output is the
+single-process run's, in the prompts' order, whichever actor ran it; an actor killed part-way is replaced; one that
+keeps dying fails the run with one clear error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from decoctl.batch import BatchPrompt, result_record
+from decoctl.generate import Generator
+from decoctl.ray import generate_dataset, prompt_dataset
+
+from .conftest import MODEL, jsonl, run_cli, without_timings
+
+DYING = Path(__file__).with_name("dying.py")
+
+
+def single_process(prompts: list[BatchPrompt], controller: str = "greedy", **limits: Any) -> list[dict[str, Any]]:
+    generator = Generator({"target": MODEL}, controller, threads=1)
+    results = generator.generate_batch(prompts, batch_size=2, **limits)
+    return [without_timings(result_record(i, r)) for i, r in enumerate(results)]
+
+
+def on_ray(dataset: Any) -> list[dict[str, Any]]:
+    rows = [row for table in dataset.iter_batches(batch_format="pyarrow", batch_size=None) for row in table.to_pylist()]
+    return [without_timings({k: v for k, v in row.items() if v is not None or k != "completions"}) for row in rows]
+
+
+def records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as JSON lines have them (index, text, stats)."""
+    return [{"index": r["index"], "text": r["text"], "stats": r["stats"]} for r in rows]
+
+
+def test_greedy_outputs_on_two_actors_equal_the_single_process_run_in_prompt_order(
+    ray_cluster: Any, prompts: list[BatchPrompt]
+) -> None:
+    dataset = prompt_dataset(prompts, actors=2, batch_size=2)
+    rows = on_ray(generate_dataset(dataset, {"target": MODEL}, batch_size=2, actors=2, max_new_tokens=16))
+    assert [r["index"] for r in rows] == list(range(len(prompts)))
+    assert [r["prompt"] for r in rows] == [p.prompt for p in prompts]
+    assert records(rows) == single_process(prompts, max_new_tokens=16)
+
+
+def test_seeded_samples_on_two_actors_draw_the_same_text_as_one_process(
+    ray_cluster: Any, prompts: list[BatchPrompt]
+) -> None:
+    dataset = prompt_dataset(prompts, actors=2, batch_size=2)
+    generated = generate_dataset(dataset, {"target": MODEL}, "sample", batch_size=2, actors=2, seed=3)
+    expected = single_process(prompts, "sample", seed=3)
+    assert records(on_ray(generated)) == expected
+    assert len({r["text"] for r in expected}) == len(expected)  # the prompts drew different texts
+
+
+def test_a_dataset_of_its_own_keeps_its_columns_and_gains_text_stats_and_completions(ray_cluster: Any) -> None:
+    import ray.data
+
+    dataset = ray.data.from_items([{"id": "a", "prompt": "def f(x):"}, {"id": "b", "prompt": "import sys"}])
+    rows = generate_dataset(dataset, {"target": MODEL}, batch_size=2, max_new_tokens=6).take_all()
+    by_id = {row["id"]: row for row in rows}
+    expected = single_process([BatchPrompt(prompt="def f(x):"), BatchPrompt(prompt="import sys")], max_new_tokens=6)
+    assert set(rows[0]) == {"id", "prompt", "text", "stats", "completions"}
+    assert [by_id["a"]["text"], by_id["b"]["text"]] == [e["text"] for e in expected]
+    assert by_id["a"]["completions"] is None  # one completion: listed only where a controller gives several
+
+
+def test_an_actor_killed_part_way_is_replaced_and_every_output_stands(
+    ray_cluster: Any, prompts: list[BatchPrompt], tmp_path: Path
+) -> None:
+    marker = tmp_path / "died"
+    dataset = prompt_dataset(prompts, actors=2, batch_size=2)
+    generated = generate_dataset(
+        dataset, {"target": MODEL}, f"{DYING}:DiesOnce", options={"marker": str(marker)}, batch_size=2, actors=2
+    )
+    rows = on_ray(generated)
+    assert marker.exists()  # an actor's process did end part-way
+    assert [r["text"] for r in rows] == [r["text"] for r in single_process(prompts)]
+
+
+def test_an_actor_that_keeps_dying_fails_the_command_with_one_clear_error(
+    ray_cluster: Any, prompts_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    controller = f"{DYING}:DiesAlways"
+    status, out, err = run_cli(
+        capsys, "generate", "-m", MODEL, "--prompts", str(prompts_file), "--ray-actors", "1", "-c", controller,
+        "-o", f"marker={tmp_path / 'died'}",
+    )  # fmt: skip
+    assert status == 2
+    assert out == ""
+    assert "decoctl: error: Ray could not finish the prompts" in err
+    assert "out of memory" in err
+    assert "Traceback" not in err
+
+
+def test_the_command_on_a_cluster_by_address_writes_the_single_process_lines_in_file_order(
+    ray_cluster: Any, prompts_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = ray_cluster.get_runtime_context().gcs_address
+    args = ["generate", "-m", MODEL, "--prompts", str(prompts_file), "--batch-size", "3", "-n", "10"]
+    on_cluster = subprocess.run(
+        [sys.executable, "-m", "decoctl.cli", *args, "--ray-actors", "2", "--ray-address", address],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert on_cluster.returncode == 0, on_cluster.stderr
+    status, out, _ = run_cli(capsys, *args, "--threads", "1")
+    assert status == 0
+    lines = [without_timings(line) for line in jsonl(on_cluster.stdout)]
+    assert [line["index"] for line in lines] == list(range(len(lines)))
+    assert lines == sorted((without_timings(line) for line in jsonl(out)), key=lambda line: line["index"])
+    assert "on 2 Ray actors of 1 thread(s)" in on_cluster.stderr
+
+
+def test_a_prompt_an_actor_refuses_fails_the_command_with_that_refusal(
+    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long = tmp_path / "long.jsonl"
+    long.write_text('{"prompt": "x"}\n' + '{"prompt": "%s"}\n' % ("a = 1\\n" * 1500), encoding="utf-8")
+    status, _, err = run_cli(capsys, "generate", "-m", MODEL, "--prompts", str(long), "--ray-actors", "1")
+    assert status == 2
+    assert "decoctl: error: prompts 0 to 1: prompt 1" in err
+    assert "Traceback" not in err
