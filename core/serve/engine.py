@@ -311,6 +311,12 @@ class Engine:
         if any(not 0 <= t < vocab for t in request.ids):
             raise ConfigError(f"the prompt holds token ids outside the vocabulary 0..{vocab - 1}")
         plan = self._plan(request.controller, request.options, request.processors)
+        scratch = plan.spec.scratch(dict(plan.options))
+        if len(request.ids) + scratch >= self.max_length:
+            raise ConfigError(
+                f"the prompt has {len(request.ids)} tokens and controller {plan.spec.name!r} needs {scratch} positions "
+                f"of scratch, but the model's context holds {self.max_length} positions: shorten the prompt"
+            )
         if request.logprobs is not None and not plan.batched:
             raise ConfigError(
                 f"logprobs: controller {plan.spec.name!r} commits tokens from its own verification, which gives no "
@@ -563,7 +569,8 @@ class Engine:
             eos_token_ids=model.spec.eos_token_ids,
             max_new_tokens=request.max_new_tokens,
             stop_strings=request.stop,
-            capacity=target.max_length - len(ids),
+            # a drafting controller's scratch (positions it feeds beyond what it keeps) must fit in the row too
+            capacity=target.max_length - len(ids) - plan.spec.scratch(dict(plan.options)),
         )
         chain = parse_processor_chain(plan.processors, self.registry)
         chain.reset(ids)

@@ -20,6 +20,7 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 logits_chain = pytest.importorskip("decoctl_logits_chain.plugin")
 speculative = pytest.importorskip("decoctl_speculative.plugin")
+lookahead = pytest.importorskip("decoctl_lookahead.plugin")
 
 API_KEY = "test-key"
 MODEL = "tiny"
@@ -39,16 +40,18 @@ class Live:
 
 
 def plugin_registry() -> PluginRegistry:
-    """The built-ins, the logits chain (OpenAI's samplers, grammars) and speculative decoding: no autoload."""
+    """The built-ins, the logits chain (OpenAI's samplers, grammars), speculative and lookahead decoding: no
+    autoload."""
     registry = PluginRegistry(autoload=False)
     registry.register(logits_chain, "logits-chain")
     registry.register(speculative, "speculative")
+    registry.register(lookahead, "lookahead")
     return registry
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = build_genai_model(tmp_path_factory.mktemp("serve-model"), seed=3, max_length=1024)
+    folder = build_genai_model(tmp_path_factory.mktemp("serve-model"), seed=3, max_length=1024, tree_inputs=True)
     (folder / "chat_template.jinja").write_text(TEMPLATE, encoding="utf-8")
     return folder
 
