@@ -60,15 +60,19 @@ class Rows:
         self.capacity = capacity
         dtype = kv_dtype(model.session, spec)
         rings = model.capabilities.rings
+        # a split export's prefill graph writes whole padded chunks: room for the padding past the last position
+        room = model.prefill.chunk if model.prefill is not None else 0
         if capacity > 1:
             row_bytes = (
-                SharedKVRows.row_bytes(spec, dtype, length, rings)
+                SharedKVRows.row_bytes(spec, dtype, length + room, rings)
                 if spec.share_buffer
                 else ConcatKVCache.row_bytes(spec, dtype, length)
             )
             _check_memory(role, model, capacity, row_bytes, length)
         #: the batched buffer of a shared-buffer model's rows; None where each row keeps a cache of its own
-        self._kv = SharedKVRows(spec, dtype, length, capacity, rings) if capacity > 1 and spec.share_buffer else None
+        self._kv = (
+            SharedKVRows(spec, dtype, length + room, capacity, rings) if capacity > 1 and spec.share_buffer else None
+        )
         #: the positions of each row's cache (None for a single row: the sequence's own default, as before rows)
         self._length = length if capacity > 1 else None
         self._debug = debug

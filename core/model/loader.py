@@ -20,6 +20,7 @@ from decoctl.model import pipeline as pipelines
 from decoctl.model.capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model.encoder_decoder import Encoder, read_encoder
 from decoctl.model.kv_cache import kv_shape
+from decoctl.model.prefill import PrefillGraph, read_prefill
 from decoctl.model.ring_cache import DEFAULT_SLACK, RingLayer
 from decoctl.model.spec import ModelSpec
 from decoctl.model.tokenizer import Tokenizer
@@ -67,7 +68,8 @@ class LoadedModel:
 
     ``session`` runs the decoder step by step; ``encoder``: an encoder-decoder model's encoder and first-pass
     decoder (decoctl.model.encoder_decoder), None for a decoder-only model; ``vision``: a vision-language model's
-    vision encoder, embedding stage and image preprocessor (decoctl.model.vision), None otherwise.
+    vision encoder, embedding stage and image preprocessor (decoctl.model.vision), None otherwise; ``prefill``: a
+    split export's prefill graph, None otherwise.
     """
 
     name: str
@@ -78,6 +80,8 @@ class LoadedModel:
     threads: int
     encoder: Encoder | None = None
     vision: VisionParts | None = None
+    #: a split export's prefill graph (decoctl.model.prefill): multi-token forwards run it chunk by chunk
+    prefill: PrefillGraph | None = None
 
 
 def load_model(
@@ -131,7 +135,7 @@ def load_model(
         session, spec, rewritten.inputs if rewritten else None, windowed.windows if windowed else (), rings
     )
     encoder = None if others is None else read_encoder(spec, *others, session)
-    vision = _vision_parts(spec, session, capabilities, options)
+    vision, prefill = _composite(spec, session, capabilities, options)
     tokenizer = Tokenizer.from_file(spec.tokenizer_file, bos_token_id=spec.bos_token_id, add_bos=spec.add_bos)
     _check_vocabulary(spec, session, tokenizer)
     model = LoadedModel(
@@ -143,6 +147,7 @@ def load_model(
         threads=options.intra_op_num_threads,
         encoder=encoder,
         vision=vision,
+        prefill=prefill,
     )
     log.debug(
         "decoctl.model_loaded",
@@ -272,11 +277,16 @@ def _external_data_extents(model: bytes) -> dict[str, int]:
 _TABLE_PROBES = 16
 
 
-def _vision_parts(
+#: the composite shapes decoctl runs: a vision-language model, and a split prefill/decode export
+_VISION_LANGUAGE = {"vision", "embedding", "decoder"}
+_SPLIT = {"prefill", "decoder"}
+
+
+def _composite(
     spec: ModelSpec, decoder: ort.InferenceSession, capabilities: Capabilities, options: ort.SessionOptions
-) -> VisionParts | None:
-    """A vision-language folder's other sessions, opened and checked against its pipeline description (every edge,
-    port, type and fixed size) before any of them runs; None for a folder without one."""
+) -> tuple[VisionParts | None, PrefillGraph | None]:
+    """A composite folder's other sessions, opened and checked against its pipeline description (every edge, port,
+    type and fixed size) before any of them runs: (vision parts, prefill graph), None where the folder has none."""
     description = pipelines.read_pipeline(spec.path)
     if description is None:
         if capabilities.inputs_embeds is not None:
@@ -285,20 +295,44 @@ def _vision_parts(
                 "no stage that makes them: add the embedding (and vision) sections to genai_config.json, or a "
                 "pipeline.json (docs/ARCHITECTURE.md)"
             )
-        return None
+        return None, None
     stages = {s.name: s for s in description.stages}
-    if set(stages) != {"vision", "embedding", "decoder"}:
+    if set(stages) not in (_VISION_LANGUAGE, _SPLIT):
         raise ModelLoadError(
-            f"{description.origin}: decoctl runs composite models of the sessions vision, embedding and decoder "
-            f"(a vision-language model); this description has {sorted(stages)}"
+            f"{description.origin}: decoctl runs composite models of the sessions vision, embedding and decoder (a "
+            f"vision-language model) or prefill and decoder (a split export); this description has {sorted(stages)}"
+        )
+    if stages["decoder"].file != spec.onnx_file.name:
+        raise ModelLoadError(
+            f"{description.origin}: session 'decoder' names {stages['decoder'].file} but genai_config.json's "
+            f"decoder is {spec.onnx_file.name}: name the same file"
         )
     sessions: dict[str, ort.InferenceSession] = {"decoder": decoder}
-    for name in ("vision", "embedding"):
+    for name in stages:
+        if name == "decoder":
+            continue
         path = spec.path / stages[name].file
         if not path.is_file():
             raise ModelLoadError(f"{description.origin}: session {name!r} names {path}, which does not exist")
         sessions[name] = _session(path, None, options)
     description.validate({name: pipelines.ports_of(session) for name, session in sessions.items()})
+    if "prefill" in stages:
+        if not stages["prefill"].shares_kv:
+            raise ModelLoadError(
+                f"{description.origin}: session 'prefill' must say \"shares_kv\": true (it writes the decoder's KV "
+                "cache)"
+            )
+        return None, read_prefill(spec, sessions["prefill"], decoder, str(spec.path / stages["prefill"].file))
+    return _vision_parts(spec, description, sessions, capabilities), None
+
+
+def _vision_parts(
+    spec: ModelSpec,
+    description: pipelines.Pipeline,
+    sessions: dict[str, ort.InferenceSession],
+    capabilities: Capabilities,
+) -> VisionParts:
+    stages = {s.name: s for s in description.stages}
     if capabilities.inputs_embeds is None:
         raise ModelLoadError(
             f"{description.origin}: the embedding stage feeds the decoder, but {spec.onnx_file} takes token ids; "

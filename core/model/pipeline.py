@@ -44,12 +44,14 @@ class Port:
 
 @attrs.frozen(kw_only=True)
 class Stage:
-    """One session: a graph file, the phase it runs in, and the inputs the host feeds it itself."""
+    """One session: a graph file, the phase it runs in, and the inputs the host feeds it itself. ``shares_kv``:
+    it reads and writes the decoder's KV cache (a prefill graph beside a decode graph)."""
 
     name: str
     file: str
     phase: str = attrs.field(validator=attrs.validators.in_(PHASES))
     host_inputs: tuple[str, ...] = ()
+    shares_kv: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -108,7 +110,7 @@ class Pipeline:
             _check_match(self, edge, outputs[output], inputs[input_])
         sources = {e.ends()[0][0] for e in self.edges}
         for stage in self.stages:
-            if stage.phase != "step" and stage.name not in sources:
+            if stage.phase != "step" and not stage.shares_kv and stage.name not in sources:
                 raise ModelLoadError(
                     f"{self.origin}: session {stage.name!r} feeds nothing (no edge leaves it): connect its output to "
                     "the session that reads it, or remove the session"
@@ -267,14 +269,21 @@ def _from_file(path: Path) -> Pipeline:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         stages = tuple(
-            Stage(name=name, file=s["file"], phase=s["phase"], host_inputs=tuple(s.get("host_inputs", ())))
+            Stage(
+                name=name,
+                file=s["file"],
+                phase=s["phase"],
+                host_inputs=tuple(s.get("host_inputs", ())),
+                shares_kv=bool(s.get("shares_kv", False)),
+            )
             for name, s in data["sessions"].items()
         )
         edges = tuple(Edge(source=e["from"], target=e["to"]) for e in data.get("edges", ()))
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(
             f"{path}: not a pipeline description ({type(exc).__name__}: {exc}); it holds "
-            '{"sessions": {NAME: {"file": ..., "phase": "generation|chunk|step", "host_inputs": [...]}}, '
+            '{"sessions": {NAME: {"file": ..., "phase": "generation|chunk|step", "host_inputs": [...], '
+            '"shares_kv": false}}, '
             '"edges": [{"from": "session.output", "to": "session.input"}]} (docs/ARCHITECTURE.md)'
         ) from exc
     return Pipeline(stages=stages, edges=edges, origin=str(path))

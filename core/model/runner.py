@@ -23,6 +23,7 @@ from decoctl.model.kv_cache import (
     to_float32,
 )
 from decoctl.model.loader import LoadedModel
+from decoctl.model.prefill import QUERY_SEQLENS
 from decoctl.model.vision import ImageFeatures, too_many_image_tokens
 
 __all__ = [
@@ -175,8 +176,12 @@ class Runner:
         self.model = model
         self.max_length = min(max_length or spec.max_length, spec.context_length)
         # ``kv``: a cache someone else allocated (one row of a role's batched buffers, decoctl.model.kv_rows)
+        # a split export's prefill graph writes a whole padded chunk: the cache has room for its padding
+        room = model.prefill.chunk if model.prefill is not None else 0
         self.kv: KVCache = (
-            kv if kv is not None else make_kv_cache(model.session, spec, self.max_length, model.capabilities.rings)
+            kv
+            if kv is not None
+            else make_kv_cache(model.session, spec, self.max_length + room, model.capabilities.rings)
         )
         self._session = model.session
         self._binding = model.session.io_binding()
@@ -238,6 +243,7 @@ class Runner:
         self._embedder = model.vision.embedder if model.vision is not None and caps.inputs_embeds else None
         #: the images of this sequence's prompt, their features in order (set by the host before the prefill)
         self.images: ImageFeatures | None = None
+        self._prefill = _PrefillRun(model, self) if model.prefill is not None else None
         if self._embedder is not None:
             self._steppable = False
             self._embeds = _Growable(self._embedder.hidden, np.float32)
@@ -264,6 +270,9 @@ class Runner:
         spec, caps = self._names, self._caps
         if bias_positions is not None and self.kv.rings is not None:
             self.kv.rings.check_tree(n, self.model.name)
+        if self._prefill is not None and n > 1 and positions is None and bias is None and features is None:
+            self._one = None
+            return self._prefill.run(tokens)
         ids = self._ids
         ids[0, :n] = tokens
         if self._embedder is None:
@@ -498,6 +507,58 @@ def kernel_failure(model: LoadedModel, exc: Exception, what: str) -> ModelLoadEr
         "kernel refuses: export the model again without that feature (for example a different rotary or "
         "head size, or windowed_kv_cache=false), or run it with an onnxruntime whose kernel supports it"
     )
+
+
+class _PrefillRun:
+    """A split export's prefill graph driven chunk by chunk over a runner's KV cache (decoctl.model.prefill): each
+    chunk padded to the graph's length, ``query_seqlens`` saying how many of its tokens are real."""
+
+    def __init__(self, model: LoadedModel, runner: Runner) -> None:
+        assert model.prefill is not None
+        graph = model.prefill
+        self.chunk = graph.chunk
+        self._runner = runner
+        self._binding = graph.session.io_binding()
+        self._calls = binding_calls(graph.session, self._binding)
+        self._ids = np.zeros((1, graph.chunk), np.int64)
+        self._mask = np.zeros((1, runner.max_length + graph.chunk), np.int64)
+        self._query = np.zeros(1, np.int32)
+        spec = model.spec
+        self._chunk_logits = np.zeros((1, graph.chunk, spec.vocab_size), np.float32)
+        self._logits = _Growable(spec.vocab_size, np.float32)
+        #: Runs of the prefill graph (one per chunk)
+        self.runs = 0
+        self._calls.bind_input(spec.input_ids_name, np.int64, [1, graph.chunk], self._ids.ctypes.data)
+        self._calls.bind_input(QUERY_SEQLENS, np.int32, [1], self._query.ctypes.data)
+        self._calls.bind_output(
+            spec.logits_name, np.float32, [1, graph.chunk, spec.vocab_size], self._chunk_logits.ctypes.data
+        )
+        self._spec = spec
+        self._model = model
+
+    def run(self, tokens: np.ndarray) -> RunOutputs:
+        """Feed ``tokens`` (int64[n]) in padded chunks; float32[n, vocab] logits, one row per token."""
+        kv, size = self._runner.kv, self.chunk
+        n = len(tokens)
+        rows = self._logits.rows(n)
+        for start in range(0, n, size):
+            real = tokens[start : start + size]
+            q, past = len(real), kv.length
+            self._ids[0, :q] = real
+            self._ids[0, q:] = 0  # padding: never enters the cache (query_seqlens)
+            self._mask[0, : past + q] = 1
+            self._mask[0, past + q : past + size] = 0
+            self._query[0] = q
+            self._calls.bind_input(self._spec.attention_mask_name, np.int64, [1, past + size], self._mask.ctypes.data)
+            kv.bind(self._binding, q)
+            try:
+                self._calls.run()
+            except Exception as exc:  # onnxruntime's own error types
+                raise kernel_failure(self._model, exc, f"a prefill chunk of {q} tokens after {past}") from exc
+            self.runs += 1
+            rows[start : start + q] = self._chunk_logits[0, :q]
+            kv.advance(q)
+        return RunOutputs(rows, None, None)
 
 
 def _output_dtype(model: LoadedModel, types: dict[str, str], name: str) -> np.dtype:
