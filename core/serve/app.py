@@ -447,15 +447,26 @@ def create_app(
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await respond(request, body, [prompt.ids], max_tokens, logprobs, chat=True)
 
-    async def models(request: Request) -> Response:
-        authorised(request)
+    def model_entry() -> dict[str, Any]:
         about = {
             "roles": sorted(engine.models),
             "controllers": sorted(engine.registry.controllers()),
             "chat_template": chat_template is not None,
         }
-        entry = {"id": model_name, "object": "model", "created": created, "owned_by": "decoctl", "decoctl": about}
-        return JSONResponse({"object": "list", "data": [entry]})
+        return {"id": model_name, "object": "model", "created": created, "owned_by": "decoctl", "decoctl": about}
+
+    async def models(request: Request) -> Response:
+        authorised(request)
+        return JSONResponse({"object": "list", "data": [model_entry()]})
+
+    async def model(request: Request) -> Response:
+        authorised(request)
+        name = request.path_params["name"]
+        if name != model_name:
+            raise _Refusal(
+                404, f"model {name!r} is not served here: this server serves {model_name!r}", code="model_not_found"
+            )
+        return JSONResponse(model_entry())
 
     async def health(request: Request) -> Response:
         status = 200 if engine.running else 503
@@ -508,6 +519,7 @@ def create_app(
         Route("/health", counted(health, "/health"), methods=["GET"]),
         Route("/metrics", metrics_text, methods=["GET"]),
         Route("/v1/models", counted(models, "/v1/models"), methods=["GET"]),
+        Route("/v1/models/{name:path}", counted(model, "/v1/models/{name}"), methods=["GET"]),
         Route("/v1/completions", counted(completions, "/v1/completions"), methods=["POST"]),
         Route("/v1/chat/completions", counted(chat_completions, "/v1/chat/completions"), methods=["POST"]),
     ]

@@ -10,7 +10,7 @@ import pytest
 from decoctl import Generator
 from decoctl.chat_template import ChatPrompt
 
-from .conftest import MODEL, Live
+from .conftest import MODEL, Live, openai
 
 CHAT = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fibonacci(n):"}]
 
@@ -21,6 +21,9 @@ def offline(live: Live, controller: str = "greedy", **kwargs: Any) -> Generator:
 
 def test_models_lists_the_served_model(client: Any) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
 
 
 def test_a_greedy_completion_is_what_generate_gives(client: Any, live: Live) -> None:
