@@ -546,7 +546,7 @@ class Engine:
             except Exception as exc:
                 for slot in started:
                     self._release(slot)
-                self._fail_request(handle, exc, live=False)
+                self._fail_request(handle, exc)
                 continue
             for slot in started:
                 self._slots[slot.row] = slot
@@ -688,7 +688,7 @@ class Engine:
             )
         )
 
-    def _fail_request(self, handle: Handle, exc: BaseException, *, live: bool = True) -> None:
+    def _fail_request(self, handle: Handle, exc: BaseException) -> None:
         """End every completion of ``handle`` and tell it why (the message only: never a traceback)."""
         for slot in [s for s in self._slots.values() if s.handle is handle]:
             self._release(slot)
