@@ -22,7 +22,7 @@ import os
 import re
 import statistics
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from decoctl.bench_runs import run_in_processes
 from decoctl.bench_transformers import TRANSFORMERS_CONTENDERS, TransformersContender
 from decoctl.errors import ConfigError
 from decoctl.generate import Generator
-from decoctl.model import huge_pages
+from decoctl.model import huge_pages as huge_pages_module
 from decoctl.model.loader import default_threads
 from decoctl.plugins import PluginRegistry
 from decoctl.resolve import resolve_model
@@ -61,6 +61,7 @@ __all__ = [
     "first_difference",
     "load_prompts",
     "parse_contenders",
+    "run",
     "run_bench",
 ]
 
@@ -545,6 +546,84 @@ def add_bench_parser(commands: Any) -> None:
     )
 
 
+def run(
+    *,
+    model: str | None = None,
+    contenders: str = DEFAULT_CONTENDERS,
+    baseline: str = "greedy",
+    prompts: Sequence[str] | None = None,
+    max_new_tokens: int = 128,
+    repeats: int = 5,
+    threads: int | None = None,
+    roles: Mapping[str, str] | None = None,
+    calibration_pairs: int = 3,
+    huge_pages: bool = False,
+    registry: PluginRegistry | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> BenchReport:
+    """Run the bench in this process and return its report (``decoctl bench`` without ``--runs``, ``--batch``,
+    ``--json`` or ``--plot``, from Python): every contender on every prompt ``repeats`` times, in rotating order,
+    after a warm-up and the verify-cost calibration. Prints nothing; ``progress(done, total)`` hears of each repeat.
+
+    :param contenders: as ``--contenders``: ``NAME`` or ``LABEL=NAME(key=value;...)``, comma-separated.
+    :param prompts: the prompt texts (None: the built-in code prompts).
+    :param roles: models for roles beyond the target (``{"draft": "pycode-draft"}``).
+    :param huge_pages: put every contender's weights on 2 MiB pages (process-wide; the command line's default).
+    """
+    if repeats < 1 or max_new_tokens < 1 or calibration_pairs < 1:
+        raise ConfigError("repeats, max_new_tokens and calibration_pairs must be at least 1")
+    specs = parse_contenders(contenders)
+    labels = [s.label for s in specs]
+    if baseline not in labels:
+        raise ConfigError(f"baseline {baseline!r} is not among the contenders {labels}: add it or pick another")
+    texts = list(prompts) if prompts is not None else list(DEFAULT_PROMPTS)
+    registry = registry if registry is not None else PluginRegistry()
+    count = threads or default_threads()
+    built = build_contenders(
+        specs, model=model, roles=dict(roles or {}), threads=count, registry=registry, huge_pages=huge_pages
+    )
+    if huge_pages:
+        # every contender's weights on huge pages alike, onnxruntime-genai's and raw-ort's sessions included
+        huge_pages_module.collapse()
+    base = dict(built)[baseline]
+    if not isinstance(base, ControllerContender):
+        raise ConfigError("the baseline must be a decoctl controller (greedy by default)")
+    tokenizer = base.generator.tokenizer
+    calibrator = calibrator_for(base, texts, max_new_tokens=max_new_tokens, pairs=calibration_pairs)
+    # the calibration's first pass belongs to the warm-up: its KV cache is allocated before memory is measured
+    calibrate(calibrator, warm_up(built, texts, tokenizer, max_new_tokens=max_new_tokens).values())
+    rss_after_warmup = resident_mb()
+    outcomes = run_contenders(
+        built,
+        texts,
+        tokenizer,
+        max_new_tokens=max_new_tokens,
+        repeats=repeats,
+        progress=progress,
+        warm=False,
+        calibrator=calibrator,
+    )
+    curve = calibrator.curve()
+    return BenchReport(
+        model=base.generator.models["target"].name,
+        baseline=baseline,
+        threads=count,
+        max_new_tokens=max_new_tokens,
+        repeats=repeats,
+        prompts=len(texts),
+        contenders=summarise(outcomes, baseline, curve),
+        rss_mb_after_warmup=rss_after_warmup,
+        rss_mb_end=resident_mb(),
+        verify_cost=dict(curve.chain),
+        verify_cost_tree=dict(curve.tree),
+        calibration={
+            "context": curve.context,
+            "pairs": curve.pairs,
+            "one_token_forward_ms": curve.one_token_seconds * 1000,
+        },
+    )
+
+
 def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
     if args.repeats < 1 or args.max_new_tokens < 1:
         raise ConfigError("--repeats and --max-new-tokens must be at least 1")
@@ -577,58 +656,26 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
         return run_in_processes(args, _split_top_level(contenders_text))
     if args.plot:
         _pyplot()
-    threads = args.threads or default_threads()
     roles = dict(r.split("=", 1) for r in args.role)
     if args.draft:
         roles["draft"] = args.draft
-    huge = not args.no_huge_pages
-    contenders = build_contenders(
-        specs, model=args.model, roles=roles, threads=threads, registry=registry, huge_pages=huge
-    )
-    if huge:
-        # every contender's weights on huge pages alike, onnxruntime-genai's and raw-ort's sessions included
-        huge_pages.collapse()
-    base = dict(contenders)[args.baseline]
-    if not isinstance(base, ControllerContender):
-        raise ConfigError("the baseline must be a decoctl controller (greedy by default)")
-    tokenizer = base.generator.tokenizer
-    model_name = base.generator.models["target"].name
 
     def progress(done: int, total: int) -> None:
         print(f"repeat {done}/{total}", file=sys.stderr)
 
-    calibrator = calibrator_for(base, prompts, max_new_tokens=args.max_new_tokens, pairs=args.calibration_pairs)
-    # the calibration's first pass belongs to the warm-up: its KV cache is allocated before memory is measured
-    calibrate(calibrator, warm_up(contenders, prompts, tokenizer, max_new_tokens=args.max_new_tokens).values())
-    rss_after_warmup = resident_mb()
-    outcomes = run_contenders(
-        contenders,
-        prompts,
-        tokenizer,
-        max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats,
-        progress=progress,
-        warm=False,
-        calibrator=calibrator,
-    )
-    curve = calibrator.curve()
-    report = BenchReport(
-        model=model_name,
+    report = run(
+        model=args.model,
+        contenders=contenders_text,
         baseline=args.baseline,
-        threads=threads,
+        prompts=prompts,
         max_new_tokens=args.max_new_tokens,
         repeats=args.repeats,
-        prompts=len(prompts),
-        contenders=summarise(outcomes, args.baseline, curve),
-        rss_mb_after_warmup=rss_after_warmup,
-        rss_mb_end=resident_mb(),
-        verify_cost=dict(curve.chain),
-        verify_cost_tree=dict(curve.tree),
-        calibration={
-            "context": curve.context,
-            "pairs": curve.pairs,
-            "one_token_forward_ms": curve.one_token_seconds * 1000,
-        },
+        threads=args.threads,
+        roles=roles,
+        calibration_pairs=args.calibration_pairs,
+        huge_pages=not args.no_huge_pages,
+        registry=registry,
+        progress=progress,
     )
     print(format_table(report))
     if args.json:
