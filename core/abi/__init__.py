@@ -5,8 +5,8 @@ absolute path and lists its controllers. ``library_controller_spec(path, name)``
 (options schema included); ``library_factory(spec)`` builds ``LibraryController``s, ordinary Controllers that
 create the C instance in ``start(host)`` and call its step in ``step(host)``.
 
-The work is split by job: decoctl.abi_library (the compiled bridge, the loader, the entry and struct checks),
-decoctl.abi_options (the option schema a controller declares) and decoctl.abi_host (the host table: the
+The work is split by job: decoctl.abi._library (the compiled bridge, the loader, the entry and struct checks),
+decoctl.abi._options (the option schema a controller declares) and decoctl.abi._host (the host table: the
 ``extern "Python"`` callbacks C calls and the mirror of the host's state C reads).
 """
 
@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from decoctl.abi_host import ControllerInstance
-from decoctl.abi_library import ABI_MAJOR, ABI_MINOR, ENTRY_SYMBOL, ControllerEntry, Library, load_library
-from decoctl.abi_library import ffi as ffi  # the bridge's FFI, for tests and tools that build C structs
+from decoctl.abi._host import ControllerInstance
+from decoctl.abi._library import ABI_MAJOR, ABI_MINOR, ENTRY_SYMBOL, ControllerEntry, Library, load_library
+from decoctl.abi._library import ffi as ffi  # the bridge's FFI, for tests and tools that build C structs
 from decoctl.errors import AbiError, PluginError
 from decoctl.host import Host
 from decoctl.logs import get_logger

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from decoctl.abi_library import ControllerEntry, ffi, field_end, lib
+from decoctl.abi._library import ControllerEntry, ffi, field_end, lib
 from decoctl.errors import AbiError, CapabilityError, ConfigError, ControllerError, SequenceError
 from decoctl.host import Host, Sequence
 from decoctl.logs import get_logger
@@ -222,7 +222,7 @@ class ControllerInstance:
         self.retire_step_output(role)
         self._mirror_role(self._role_mirrors[role], sequence)
 
-    # -- rows (ABI 1.3, decoctl.abi_rows) -------------------------------------------------------------------
+    # -- rows (ABI 1.3, decoctl.abi._rows) -------------------------------------------------------------------
     def role_name(self, role: Any) -> str:
         self.sequence(role)  # AbiError for a handle this instance never gave out
         return next(name for name, handle in self._role_handles.items() if handle == role)
@@ -646,7 +646,8 @@ def _install() -> None:
     for callback in _CALLBACKS:
         ffi.def_extern(name=callback.__name__, error=error, onerror=_on_error)(callback)
     ffi.def_extern(name="decoctl_py_host_error", onerror=_on_error_pointer)(decoctl_py_host_error)
-    from decoctl import abi_rows  # the rows and outputs of ABI 1.3: callbacks of their own module, on this one
+    # the rows and outputs of ABI 1.3: callbacks of their own module, on this one
+    from decoctl.abi import _rows as abi_rows
 
     abi_rows.install()
 

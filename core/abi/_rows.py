@@ -2,7 +2,7 @@
 reorder, release, step_rows, the per-row forward/logits/rewind/length/tokens, and new_output, commit_to,
 output_done, score, rank_outputs, process_outputs.
 
-They follow decoctl.abi_host's rules: the instance whose create/step/reset runs on this thread answers, a Python
+They follow decoctl.abi._host's rules: the instance whose create/step/reset runs on this thread answers, a Python
 exception becomes a negative status (kept and raised again when the C call returns), arrays cross zero-copy and
 stay alive for C as long as the header says. Row 0 of a role is the role's own Sequence, so the per-row functions
 with row 0 are the 1.0 ones; other rows come from ``host.rows(name)`` (decoctl.rows).
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from decoctl.abi_host import (
+from decoctl.abi._host import (
     OK,
     ControllerInstance,
     _chain_input,
@@ -25,7 +25,7 @@ from decoctl.abi_host import (
     _ids,
     _on_error,
 )
-from decoctl.abi_library import ffi, lib
+from decoctl.abi._library import ffi, lib
 from decoctl.errors import ConfigError, SequenceError
 
 if TYPE_CHECKING:
@@ -248,7 +248,7 @@ _CALLBACKS: tuple[Callable[..., int], ...] = (
 
 
 def install() -> None:
-    """Define the extern "Python" callbacks of ABI 1.3 (decoctl.abi_host's install calls this)."""
+    """Define the extern "Python" callbacks of ABI 1.3 (decoctl.abi._host's install calls this)."""
     error = int(lib.DECOCTL_ERR_HOST)
     for callback in _CALLBACKS:
         ffi.def_extern(name=callback.__name__, error=error, onerror=_on_error)(callback)

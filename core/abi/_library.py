@@ -3,7 +3,7 @@
 A library speaking abi/decoctl.h exports ``decoctl_plugin_entry``; ``load_library(path)`` opens it by its
 absolute path (never a search of the working directory or the loader's path), checks the ABI major and every
 struct_size, and lists its controllers (ControllerEntry: metadata, option schema, function pointers). This module
-also imports the compiled bridge (decoctl._abi, out-of-line API mode) that decoctl.abi_host and decoctl.abi use.
+also imports the compiled bridge (decoctl._abi, out-of-line API mode) that decoctl.abi._host and decoctl.abi use.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from decoctl.abi_options import options_from_json
+from decoctl.abi._options import options_from_json
 from decoctl.errors import AbiError, PluginError
 from decoctl.logs import get_logger
 from decoctl.specs import Option, normalise_name
@@ -230,7 +230,7 @@ def load_library(path: str | Path) -> Library:
             lib.decoctl_bridge_close(handle)
             raise
         _LIBRARIES[resolved] = library
-        log.debug("decoctl.abi_library_loaded", path=str(resolved), controllers=sorted(library.controllers))
+        log.debug("decoctl.abi._library_loaded", path=str(resolved), controllers=sorted(library.controllers))
         return library
 
 
