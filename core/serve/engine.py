@@ -455,7 +455,8 @@ class Engine:
         self._admit()
         stepped: list[int] = []
         tokens: list[int] = []
-        batch = sum(1 for s in self._slots.values() if s.batched and s.prompt is None)
+        batched_rows = [r for r, s in self._slots.items() if s.batched and s.prompt is None]
+        batch, span = len(batched_rows), max(batched_rows, default=-1) + 1
         for row, slot in list(self._slots.items()):
             if self._slots.get(row) is not slot:  # ended with another completion of its request
                 continue
@@ -465,7 +466,7 @@ class Engine:
                 except Exception as exc:
                     self._fail_request(slot.handle, exc)
                 continue
-            if slot.joinable and self.join_rule.joins(slot, batch):
+            if slot.joinable and self.join_rule.joins(slot, batch, span=span, joined_span=max(span, row + 1)):
                 pending = self._join(slot)
                 if pending is not None:
                     stepped.append(row)
@@ -484,7 +485,7 @@ class Engine:
         if stepped:
             began = self._clock()
             self.rows.step(tokens, rows=stepped)
-            self.join_rule.observe_run(len(stepped), self._clock() - began)
+            self.join_rule.observe_run(max(stepped) + 1, self._clock() - began)  # a Run computes rows 0..max
             self.batched_runs += 1
         self.steps += 1
         for slot in list(self._slots.values()):

@@ -5,13 +5,15 @@ waits. Alone, that is the speedup the controller's own rule (decoctl.draft_lengt
 the batch more than it gains. Each engine step, for each speculating row whose output is greedy's, the rule compares
 the engine's throughput (tokens over the step's seconds) both ways, from costs measured as the engine runs:
 
-    stay:  (B + c) / (t(B) + s)        join:  (B + 1) / t(B + 1)
+    stay:  (B + c) / (t(S) + s)        join:  (B + 1) / t(S')
 
-B is the rows of the batched Run, t(n) the seconds of a batched Run over n rows (its mean, measured; an n not yet
-measured is priced on the line through the nearest two measured, or proportionally from one), s the row's mean
+B is the rows stepped in the batched Run; S its span, the rows it computes (one Run computes rows 0 to the highest
+it steps: decoctl.rows), and S' the span with this row in; t(n) the seconds of a Run spanning n rows (its mean,
+measured; an n not yet measured is priced on the line through the nearest two measured, or proportionally from
+one), s the row's mean
 seconds per step and c its mean tokens per step (over its last ``WINDOW`` steps, once it has ``MIN_STEPS``). A row
-joins when joining gives more; it does not join before t(B + 1) can be priced from a measurement, so a lone request
-(B = 0) keeps its controller unless a one-row Run was measured to beat it, which its own rule already avoids.
+joins when joining gives more; a lone row (B = 0) joins only against a Run of its span actually measured to beat
+its own steps, which its controller's rule already avoids: alone it keeps its full speedup.
 
 Joining is one-way and exact: the engine feeds the row's pending token in the batched Run and steps it with greedy
 from then on, which commits the tokens the speculating controller would have (it verified greedily).
@@ -40,7 +42,7 @@ class JoinRule:
         self._steps: dict[Hashable, collections.deque[tuple[int, float]]] = {}
 
     def observe_run(self, rows: int, seconds: float) -> None:
-        """A batched Run over ``rows`` rows took ``seconds``."""
+        """A batched Run spanning ``rows`` rows took ``seconds``."""
         self._runs.setdefault(rows, collections.deque(maxlen=RUNS_KEPT)).append(seconds)
 
     def observe_step(self, row: Hashable, tokens: int, seconds: float) -> None:
@@ -67,14 +69,17 @@ class JoinRule:
         slope = max(0.0, (tb - ta) / (b - a))
         return max(0.0, ta + slope * (rows - a))
 
-    def joins(self, row: Hashable, batch_rows: int) -> bool:
-        """Whether speculating row ``row`` should join a batched Run of ``batch_rows`` other rows now."""
+    def joins(self, row: Hashable, batch_rows: int, *, span: int | None = None, joined_span: int | None = None) -> bool:
+        """Whether speculating row ``row`` should join a batched Run stepping ``batch_rows`` other rows now; ``span``
+        and ``joined_span``: the rows that Run computes without and with it (default: the rows it steps)."""
         steps = self._steps.get(row)
         if steps is None or len(steps) < MIN_STEPS:
             return False
-        if batch_rows == 0 and 1 not in self._runs:  # alone: only against a one-row Run actually measured
+        span = batch_rows if span is None else span
+        joined_span = batch_rows + 1 if joined_span is None else joined_span
+        if batch_rows == 0 and joined_span not in self._runs:  # alone: only against such a Run actually measured
             return False
-        joined, alone = self.run_seconds(batch_rows + 1), self.run_seconds(batch_rows)
+        joined, alone = self.run_seconds(joined_span), self.run_seconds(span)
         if joined is None or alone is None or joined <= 0:
             return False
         tokens = sum(t for t, _ in steps) / len(steps)

@@ -45,14 +45,14 @@ class BrokenPlugin:
 class Never(JoinRule):
     """A join rule that keeps every speculating row drafting."""
 
-    def joins(self, row: Any, batch_rows: int) -> bool:
+    def joins(self, row: Any, batch_rows: int, **spans: int | None) -> bool:
         return False
 
 
 class AfterTwoSteps(JoinRule):
     """A join rule that moves a speculating row into the batched step after its second step."""
 
-    def joins(self, row: Any, batch_rows: int) -> bool:
+    def joins(self, row: Any, batch_rows: int, **spans: int | None) -> bool:
         return len(self._steps.get(row, ())) >= 2
 
 

@@ -46,3 +46,10 @@ def test_run_seconds_of_an_unmeasured_size_lie_on_the_line_through_the_nearest_t
     assert rule.run_seconds(6) == pytest.approx(3.0)
     assert rule_with({4: 2.0}).run_seconds(8) == pytest.approx(4.0)  # one size: proportionally
     assert JoinRule().run_seconds(3) is None
+
+
+def test_a_run_is_priced_by_the_rows_it_computes_not_the_rows_it_steps() -> None:
+    # the batch steps rows 0 and 1 (span 2); the speculating row is row 7: joining makes the Run compute 8 rows
+    rule = rule_with({2: 1.0, 8: 3.0}, steps=(1, 1.2))
+    assert rule.joins("row", 2, span=2, joined_span=3)  # next to the batch: (2 + 1) / 1.33 against 3 / 2.2
+    assert not rule.joins("row", 2, span=2, joined_span=8)  # far above it: 3 / 3.0 against 3 / 2.2
