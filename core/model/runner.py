@@ -245,7 +245,8 @@ class Runner:
         self.images: ImageFeatures | None = None
         self._prefill = _PrefillRun(model, self) if model.prefill is not None else None
         if self._embedder is not None:
-            self._steppable = False
+            # a step looks its token up in the embedding table into a bound row; without a table it runs the graph
+            self._steppable = self._steppable and self._embedder.table is not None
             self._embeds = _Growable(self._embedder.hidden, np.float32)
             self._history = np.zeros(self.max_length + 1, np.int64)
             self._images_before = np.zeros(self.max_length + 2, np.int64)
@@ -339,6 +340,12 @@ class Runner:
             return self.run(np.array((token,), np.int64))
         self._ids[0, 0] = token
         length = self.kv.length
+        embedder = self._embedder
+        if embedder is not None:
+            if token == embedder.image_token and self.images is not None:
+                return self.run(np.array((token,), np.int64))  # it may take an image's features
+            assert embedder.table is not None
+            self._embeds.array[0] = embedder.table[token]  # the row the last one-token run bound
         if self.kv.rings is not None:
             self.kv.rings.before_run(length, 1)
         self._feed_length(length + 1)
@@ -349,6 +356,9 @@ class Runner:
         if self._narrow:
             self._widen(1, 1)
         self.kv.advance(1)
+        if embedder is not None:
+            self._history[length] = token
+            self._images_before[length + 1] = self._images_before[length] + (token == embedder.image_token)
         return one
 
     def _widen(self, logit_rows: int, n: int) -> None:
