@@ -50,8 +50,9 @@ __all__ = [
     "run_batch",
 ]
 
-#: the keys a line of a prompts file may hold
-PROMPT_KEYS = ("prompt", "max_new_tokens", "seed", "stop")
+#: the keys a line of a prompts file may hold; ``source`` is a note for people (where the prompt was cut from, as
+#: the bundled prompt files say) that generation does not read
+PROMPT_KEYS = ("prompt", "max_new_tokens", "seed", "stop", "source")
 
 T = TypeVar("T")
 
@@ -86,6 +87,8 @@ class BatchPrompt:
         prompt = item["prompt"]
         if not isinstance(prompt, str):
             raise ConfigError(f'{where}: the prompt must be a string, not {_shown(prompt)}: quote it ("prompt": "...")')
+        if not isinstance(item.get("source", ""), str):
+            raise ConfigError(f"{where}: source is a note (a string), not {_shown(item['source'])}")
         limits = {}
         for key, least in (("max_new_tokens", 1), ("seed", 0)):
             value = item.get(key)

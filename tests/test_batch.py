@@ -274,3 +274,11 @@ def test_generate_prompts_refuses_bad_input_in_one_line(
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.startswith("decoctl: error: ") and done.stderr.count("\n") == 1, done.stderr
     assert message in done.stderr
+
+
+def test_a_prompts_line_may_carry_a_source_note_as_the_bundled_prompt_files_do() -> None:
+    prompts = read_prompts(Path(__file__).parent.parent / "examples" / "code_prompts.jsonl")
+
+    assert prompts and all(isinstance(p.prompt, str) for p in prompts)
+    with pytest.raises(ConfigError, match=r"prompt 0: source is a note \(a string\)"):
+        BatchPrompt.of({"prompt": "x", "source": 3}, "prompt 0")
