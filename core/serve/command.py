@@ -156,8 +156,8 @@ def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
 def run_chat(
     args: argparse.Namespace, registry: PluginRegistry, *, stdin: TextIO | None = None, stdout: TextIO | None = None
 ) -> int:
-    """A conversation in the terminal: each line the user types is a message, the answer streams; ``/reset`` starts
-    over, ``/quit`` (or end of input) leaves."""
+    """A conversation in the terminal: each line the user types is a message, the answer streams (Ctrl-C stops it
+    where it is); ``/reset`` starts over, ``/quit`` (or end of input) leaves."""
     from decoctl.generate import Generator
 
     given_in, out = stdin or sys.stdin, stdout or sys.stdout
@@ -200,10 +200,15 @@ def run_chat(
         history.append({"role": "user", "content": text})
         prompt = generator.chat_prompt(history, template=template)
         pieces = []
-        for piece in generator.stream(prompt, max_new_tokens=args.max_new_tokens, seed=args.seed):
-            pieces.append(piece)
-            out.write(piece)
-            out.flush()
+        stream = generator.stream(prompt, max_new_tokens=args.max_new_tokens, seed=args.seed)
+        try:
+            for piece in stream:
+                pieces.append(piece)
+                out.write(piece)
+                out.flush()
+        except KeyboardInterrupt:  # Ctrl-C ends this answer (kept as far as it got), not the conversation
+            stream.close()
+            out.write(" [stopped]")
         out.write("\n")
         history.append({"role": "assistant", "content": "".join(pieces)})
     return 0
