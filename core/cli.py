@@ -464,6 +464,7 @@ def build_parser(
     imports.add_argument("--force", action="store_true", help="convert again even when it is already imported")
     add_bench_parser(commands)
     add_serve_parsers(commands)
+    _add_ray_serve(commands.choices["serve"])
     for name, spec in sorted((plugin_commands or {}).items()):
         if name in BUILTIN_COMMANDS:
             raise PluginError(
@@ -530,11 +531,45 @@ def _command(args: argparse.Namespace, registry: PluginRegistry) -> int:
         "plugins": _run_plugins,
         "models": _run_models,
         "bench": run_bench,
-        "serve": run_serve,
+        "serve": _run_serve,
         "chat": run_chat,
         "bench-serve": run_bench_serve,
     }
     return commands[args.command](args, registry)
+
+
+def _add_ray_serve(serve: argparse.ArgumentParser) -> None:
+    """decoctl serve's options for Ray Serve replicas (decoctl.ray.serve)."""
+    serve.add_argument(
+        "--ray-replicas",
+        type=int,
+        metavar="N",
+        help="serve from N Ray Serve replicas behind one endpoint, each with its own models, --threads and --max-rows "
+        "(needs pip install 'decoctl[ray]')",
+    )
+    serve.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="with --ray-replicas: the Ray cluster to deploy on (HOST:PORT, ray://HOST:PORT or auto; default: a local "
+        "one)",
+    )
+    serve.add_argument(
+        "--ray-autoscaling",
+        metavar="JSON",
+        help='with --ray-replicas: Ray Serve\'s autoscaling_config, e.g. \'{"min_replicas": 1, "max_replicas": 4}\'',
+    )
+
+
+def _run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
+    if args.ray_replicas is None:
+        for flag in ("ray_address", "ray_autoscaling"):
+            if getattr(args, flag) is not None:
+                option = "--" + flag.replace("_", "-")
+                raise DecoctlError(f"{option} needs --ray-replicas N: how many replicas to serve from")
+        return run_serve(args, registry)
+    from decoctl.ray.serve import run_replicas
+
+    return run_replicas(args, registry)
 
 
 def _guarded(run: Callable[[], int], verbose: int) -> int:

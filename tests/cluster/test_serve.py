@@ -1,0 +1,155 @@
+"""decoctl serve on Ray Serve replicas (decoctl.ray.serve): one endpoint, several replicas each running the engine
+``decoctl serve`` runs, every greedy answer the offline one; what is refused before anything loads."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from decoctl.generate import Generator
+
+from .conftest import MODEL, run_cli
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\n",
+    "class Stack:",
+    "for i in range(10):",
+    "x = [",
+    "def read(path):",
+    "# a comment",
+    "while True:",
+    "try:",
+    "return",
+    "@property",
+    "from typing import",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def replicas(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[str]]]:
+    """decoctl serve --ray-replicas 2 (one thread, two rows each) on the session's cluster, as a process of its own:
+    its base URL and, once it has stopped, what it wrote on stderr."""
+    pytest.importorskip("openai")
+    port = _free_port()
+    address = ray_cluster.get_runtime_context().gcs_address
+    command = [
+        sys.executable, "-m", "decoctl.cli", "serve", "-m", MODEL, "--ray-replicas", "2", "--threads", "1",
+        "--max-rows", "2", "--port", str(port), "--ray-address", address,
+    ]  # fmt: skip
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    assert server.stderr is not None
+    for line in server.stderr:  # until it says it serves (or ends: then the loop ends and the test fails)
+        lines.append(line)
+        if line.startswith("decoctl: serving on"):
+            break
+    try:
+        assert lines and lines[-1].startswith(f"decoctl: serving on http://127.0.0.1:{port}"), "".join(lines)
+        yield f"http://127.0.0.1:{port}", lines
+    finally:
+        server.terminate()
+        _, rest = server.communicate(timeout=120)
+        lines.append(rest)
+        assert server.returncode == 0, "".join(lines)
+
+
+def test_two_replicas_answer_through_one_endpoint_each_greedy_answer_the_offline_one(
+    replicas: tuple[str, list[str]],
+) -> None:
+    import openai
+
+    url, _ = replicas
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+
+    def complete(prompt: str) -> tuple[str, str]:
+        raw = client.completions.with_raw_response.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+        return raw.headers["x-decoctl-replica"], raw.parse().choices[0].text
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(complete, PROMPTS))
+    offline = Generator({"target": MODEL}, threads=1)
+    assert [text for _, text in answers] == [offline.generate(p, max_new_tokens=24).text for p in PROMPTS]
+    assert len({replica for replica, _ in answers}) == 2
+
+
+def test_an_answer_streams_through_serve_equal_to_the_offline_one(replicas: tuple[str, list[str]]) -> None:
+    import openai
+
+    url, _ = replicas
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+    chunks = client.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=20, temperature=0, stream=True)
+    pieces = [chunk.choices[0].text for chunk in chunks if chunk.choices]
+    assert len([p for p in pieces if p]) > 1
+    assert "".join(pieces) == Generator({"target": MODEL}, threads=1).generate("def add(a, b):", max_new_tokens=20).text
+
+
+def test_build_app_takes_serve_run_arguments_as_strings() -> None:
+    pytest.importorskip("ray")
+    from decoctl.ray.serve import build_app
+
+    app = build_app({"model": MODEL, "replicas": "2", "threads": "1", "max_rows": "4", "huge_pages": "false"})
+    deployment = app._bound_deployment  # what `serve run` deploys
+    assert deployment.num_replicas == 2
+    assert deployment.max_ongoing_requests == 4
+    assert deployment.ray_actor_options["num_cpus"] == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"modle": MODEL}, "unknown argument 'modle'"),
+        ({"threads": "two"}, "threads='two' must be a int"),
+        ({"max_rows": 0}, "max_rows=0 must be at least 1"),
+    ],
+)
+def test_build_app_refuses_what_it_does_not_take(args: dict[str, Any], message: str) -> None:
+    pytest.importorskip("ray")
+    from decoctl.errors import ConfigError
+    from decoctl.ray.serve import build_app
+
+    with pytest.raises(ConfigError, match=message):
+        build_app(args)
+
+
+def test_more_replicas_than_the_cluster_has_cpus_are_refused(
+    ray_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = run_cli(capsys, "serve", "-m", MODEL, "--ray-replicas", "3", "--port", "0")
+    assert status == 2
+    assert "decoctl: error: 3 Serve replicas of 1 thread need 3 CPUs, and the Ray cluster has 2" in err
+
+
+def test_serving_on_ray_without_ray_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)
+    status, _, err = run_cli(capsys, "serve", "-m", MODEL, "--ray-replicas", "2")
+    assert status == 2
+    assert err.strip().endswith("needs Ray (ray is missing): pip install 'decoctl[ray]'")
+
+
+@pytest.mark.parametrize("flag", [["--ray-address", "auto"], ["--ray-autoscaling", "{}"]])
+def test_ray_serve_options_without_replicas_are_refused(flag: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(capsys, "serve", "-m", MODEL, *flag)
+    assert status == 2
+    assert f"{flag[0]} needs --ray-replicas N" in err
+
+
+def test_an_unknown_model_is_refused_before_ray_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ray")
+    status, _, err = run_cli(capsys, "serve", "-m", "no-such-model", "--ray-replicas", "1")
+    assert status == 2
+    assert "decoctl: error: model 'no-such-model'" in err
