@@ -8,7 +8,7 @@ so the header stays the single contract. Constants are declared ``...`` and thei
 compiled header. On top of the header the bridge declares:
 - the host functions as ``extern "Python"`` callbacks (implemented with ``@ffi.def_extern`` in core/abi/_host.py,
   and in core/abi/_rows.py for the rows and outputs of ABI 1.3);
-- the host's mirror (decoctl_bridge_host, decoctl_bridge_role): C structs core/abi/__init__.py keeps up to date, from which
+- the host's mirror (decoctl_bridge_host, decoctl_bridge_role): C structs decoctl.abi keeps up to date, from which
   C functions answer the cheap read-only queries (length, remaining, done, max_length, logits) without entering
   Python, and the function that fills a host table with them and the callbacks;
 - a few C helpers to open a library and find its entry symbol with the platform loader's own error text;
@@ -110,7 +110,7 @@ HELPERS_SOURCE = r"""
 /* ---- the host's mirror -------------------------------------------------------------------------------------
 
    An extern "Python" callback costs a C -> Python -> C crossing (about 1 us), which would make even length() cost
-   a microsecond. The read-only queries below are answered in C from a mirror of the host's state that core/abi/__init__.py
+   a microsecond. The read-only queries below are answered in C from a mirror of the host's state that decoctl.abi
    writes before it hands control to C (create, step, reset) and again after every callback that changes that
    state (forward, forward_tree, forward_features, keep, rewind: the role; commit: the generation). host_data
    points at the instance's decoctl_bridge_host, a decoctl_role * at one of its decoctl_bridge_role; both are
@@ -123,7 +123,7 @@ HELPERS_SOURCE = r"""
 
 typedef struct decoctl_bridge_role {
     int64_t length;       /* tokens in the role's KV cache */
-    const float *logits;  /* the last forward's logits (kept alive by core/abi/__init__.py), or NULL when there are none */
+    const float *logits;  /* the last forward's logits (kept alive by decoctl.abi), or NULL when there are none */
     int64_t logits_n;
     int64_t logits_width;
 } decoctl_bridge_role;
@@ -139,7 +139,7 @@ typedef struct decoctl_bridge_host {
 
 /* The mirror whose create/step/reset is running on this thread (NULL: none). A thread-local pointer compared with
    host_data, never a flag read through host_data: a foreign host_data is never dereferenced, and a call from
-   another thread or from destroy finds NULL here. core/abi/__init__.py sets it around every create/step/reset, restoring
+   another thread or from destroy finds NULL here. decoctl.abi sets it around every create/step/reset, restoring
    the outer instance's when calls nest. */
 #if defined(_MSC_VER)
 static __declspec(thread) decoctl_bridge_host *decoctl_bridge_current;
@@ -306,7 +306,7 @@ void decoctl_bridge_close(void *library) { FreeLibrary((HMODULE)library); }
 const char *decoctl_bridge_loader_error(void) { return decoctl_bridge_error_text; }
 #else
 #include <dlfcn.h>
-/* dlerror() is cleared by the next loader call: core/abi/__init__.py opens libraries under one lock and reads the text
+/* dlerror() is cleared by the next loader call: decoctl.abi opens libraries under one lock and reads the text
    right after the failing call. */
 static const char *decoctl_bridge_last = "";
 

@@ -9,4 +9,4 @@ from vlm_models import Llava
 
 @pytest.fixture(scope="session")
 def llava(tmp_path_factory: pytest.TempPathFactory) -> Llava:
-    return vlm_models.build_llava(tmp_path_factory.mktemp("llava"))
+    return vlm_models.llava(tmp_path_factory.mktemp("llava"))
