@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -94,6 +95,46 @@ def test_an_answer_streams_through_serve_equal_to_the_offline_one(replicas: tupl
     pieces = [chunk.choices[0].text for chunk in chunks if chunk.choices]
     assert len([p for p in pieces if p]) > 1
     assert "".join(pieces) == Generator({"target": MODEL}, threads=1).generate("def add(a, b):", max_new_tokens=20).text
+
+
+def _from_replica(url: str, replica: str, ask: Any, tries: int = 64) -> Any:
+    """``ask()``'s (replica, answer) until the answer comes from ``replica`` (Serve picks the replica; each try is a
+    coin toss between two): that answer."""
+    for _ in range(tries):
+        answered_by, answer = ask()
+        if answered_by == replica:
+            return answer
+    raise AssertionError(f"replica {replica} answered none of {tries} requests")
+
+
+def test_a_client_leaving_a_stream_cancels_its_completion_in_its_replica(replicas: tuple[str, list[str]]) -> None:
+    import openai
+
+    url, _ = replicas
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+
+    def cancelled() -> tuple[str, float]:
+        with urllib.request.urlopen(f"{url}/metrics") as response:
+            lines = response.read().decode().splitlines()
+            count = next(float(line.split()[1]) for line in lines if line.startswith("decoctl_completions_cancelled "))
+            return response.headers["x-decoctl-replica"], count
+
+    raw = client.completions.with_raw_response.create(
+        model=MODEL, prompt="def f(x):", max_tokens=1900, temperature=0, stream=True
+    )
+    replica = raw.headers["x-decoctl-replica"]
+    before = _from_replica(url, replica, cancelled)
+    stream = raw.parse()
+    next(iter(stream))  # the completion runs in its replica
+    stream.close()
+
+    def both_rows() -> tuple[str, int]:
+        answer = client.completions.with_raw_response.create(model=MODEL, prompt="x", max_tokens=1, n=2, temperature=0)
+        return answer.headers["x-decoctl-replica"], len(answer.parse().choices)
+
+    # a request for both of the replica's rows is admitted there only once the left completion's row is free
+    assert _from_replica(url, replica, both_rows) == 2
+    assert _from_replica(url, replica, cancelled) == before + 1
 
 
 def test_build_app_takes_serve_run_arguments_as_strings() -> None:
