@@ -11,6 +11,8 @@ answers 429 with Retry-After; every error is OpenAI's error shape with a message
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import hmac
 import importlib.resources
@@ -32,6 +34,7 @@ from starlette.routing import Route
 from decoctl.chat_template import ChatTemplate
 from decoctl.errors import ConfigError
 from decoctl.logs import get_logger
+from decoctl.model.vision import ImageFeatures
 from decoctl.serve.engine import (
     Delta,
     Engine,
@@ -112,6 +115,22 @@ class _Submitted:
             handle.cancel()
 
 
+def _image_bytes(url: str) -> bytes:
+    """An image_url part's image: the bytes of a data: URL (the server fetches nothing); a 400 otherwise."""
+    head, comma, data = url.partition(",")
+    if not url.startswith("data:") or not comma or ";base64" not in head:
+        raise _Refusal(
+            400,
+            f"image_url {url[:40]!r}: the server takes images as data: URLs only (data:image/png;base64,...); it "
+            "fetches nothing",
+            param="messages",
+        )
+    try:
+        return base64.b64decode(data, validate=True)
+    except binascii.Error as exc:
+        raise _Refusal(400, f"image_url: its base64 data does not decode ({exc})", param="messages") from None
+
+
 def create_app(
     engine: Engine,
     *,
@@ -162,7 +181,11 @@ def create_app(
         return value
 
     def submit(
-        body: CompletionRequest | ChatRequest, prompts: list[tuple[int, ...]], max_tokens: int | None, logprobs: Any
+        body: CompletionRequest | ChatRequest,
+        prompts: list[tuple[int, ...]],
+        max_tokens: int | None,
+        logprobs: Any,
+        images: ImageFeatures | None = None,
     ) -> _Submitted:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
@@ -183,6 +206,7 @@ def create_app(
                 options=options,
                 processors=tables or None,
                 logprobs=logprobs,
+                images=images,
             )
 
             def on_event(event: Any, number: int = number) -> None:
@@ -297,8 +321,9 @@ def create_app(
         max_tokens: int | None,
         logprobs: int | None,
         chat: bool,
+        images: ImageFeatures | None = None,
     ) -> Response:
-        submitted = submit(body, prompts, max_tokens, logprobs)
+        submitted = submit(body, prompts, max_tokens, logprobs, images)
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -445,7 +470,23 @@ def create_app(
             raise _Refusal(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        return await respond(request, body, [prompt.ids], max_tokens, logprobs, chat=True)
+        urls = body.image_urls()
+        if not urls:
+            return await respond(request, body, [prompt.ids], max_tokens, logprobs, chat=True)
+        vision = engine.models["target"].vision
+        if vision is None:
+            raise _Refusal(400, f"model {model_name!r} has no vision encoder: send text parts only", param="messages")
+        pictures = [_image_bytes(url) for url in urls]
+
+        def encode() -> tuple[list[int], ImageFeatures]:
+            features = vision.encode(pictures)  # once per image, beside the engine thread's decoder
+            return vision.expand(list(prompt.ids), features), features
+
+        try:
+            ids, features = await anyio.to_thread.run_sync(encode)
+        except ConfigError as exc:
+            raise _Refusal(400, str(exc), param="messages") from None
+        return await respond(request, body, [tuple(ids)], max_tokens, logprobs, chat=True, images=features)
 
     def model_entry() -> dict[str, Any]:
         about = {

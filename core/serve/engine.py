@@ -45,6 +45,7 @@ from decoctl.generate import Generator
 from decoctl.host import Host, Sequence, SequenceStats, role_flag
 from decoctl.logs import get_logger
 from decoctl.model.loader import LoadedModel
+from decoctl.model.vision import ImageFeatures
 from decoctl.output import Output, StopRules
 from decoctl.plugins import PluginRegistry
 from decoctl.resolve import parse_processor_chain
@@ -96,6 +97,9 @@ class EngineRequest:
     #: a chain string ("top_k=40,temperature=0.8") or a list of tables ({"name": "grammar", "json_schema": ...})
     processors: str | list[dict[str, Any]] | None = None
     logprobs: int | None = None
+    #: a vision-language target's image features for the prompt's image tokens (decoctl.model.vision), in order;
+    #: ``ids`` holds each image's tokens already expanded
+    images: ImageFeatures | None = None
 
 
 @attrs.frozen
@@ -603,6 +607,7 @@ class Engine:
             roles=roles,
             started=time.perf_counter(),
         )
+        target.attach_images(request.images)
         if self.prefill_chunk is not None and len(ids) > self.prefill_chunk:
             slot.prompt = ids  # fed a chunk an engine step (_prefill)
             return slot

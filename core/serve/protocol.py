@@ -58,9 +58,20 @@ class TextPart(_Strict):
     text: str
 
 
+class ImageURL(_Strict):
+    #: a data: URL (data:image/png;base64,...): the server fetches nothing
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: str | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]] | None = None
     name: str | None = None
 
 
@@ -111,17 +122,35 @@ class ChatRequest(_Sampling):
     response_format: ResponseFormat | None = None
 
     def chat(self) -> list[dict[str, Any]]:
-        """The messages as a chat template takes them: a list of text parts joined into one string."""
+        """The messages as a chat template takes them: a list of text parts joined into one string; a message
+        with images keeps its parts, each image as ``{"type": "image"}`` (transformers' convention, which a
+        vision-language model's template turns into its image token)."""
         messages = []
         for message in self.messages:
-            content = message.content
+            content: Any = message.content
             if isinstance(content, list):
-                content = "\n".join(part.text for part in content)
+                if any(isinstance(part, ImagePart) for part in content):
+                    content = [
+                        {"type": "image"} if isinstance(part, ImagePart) else {"type": "text", "text": part.text}
+                        for part in content
+                    ]
+                else:
+                    content = "\n".join(part.text for part in content if isinstance(part, TextPart))
             item: dict[str, Any] = {"role": message.role, "content": content}
             if message.name is not None:
                 item["name"] = message.name
             messages.append(item)
         return messages
+
+    def image_urls(self) -> list[str]:
+        """The URLs of the messages' image parts, in order."""
+        return [
+            part.image_url.url
+            for message in self.messages
+            if isinstance(message.content, list)
+            for part in message.content
+            if isinstance(part, ImagePart)
+        ]
 
 
 #: the fields OpenAI defines that decoctl does not support, and why (a 400 names them with the reason)
