@@ -137,6 +137,40 @@ def test_a_client_leaving_a_stream_cancels_its_completion_in_its_replica(replica
     assert _from_replica(url, replica, cancelled) == before + 1
 
 
+def test_a_killed_replica_is_replaced_and_the_endpoint_answers_throughout(
+    ray_cluster: Any, replicas: tuple[str, list[str]]
+) -> None:
+    import openai
+
+    url, _ = replicas
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+    expected = Generator({"target": MODEL}, threads=1).generate("def add(a, b):", max_new_tokens=8).text
+
+    def answer() -> tuple[str, str]:
+        raw = client.completions.with_raw_response.create(
+            model=MODEL, prompt="def add(a, b):", max_tokens=8, temperature=0
+        )
+        return raw.headers["x-decoctl-replica"], raw.parse().choices[0].text
+
+    before: set[str] = set()
+    for _ in range(64):  # until both replicas have answered
+        before.add(answer()[0])
+        if len(before) == 2:
+            break
+    assert len(before) == 2
+    killed = sorted(before)[0]
+    ray_cluster.kill(ray_cluster.get_actor(f"SERVE_REPLICA::decoctl#decoctl#{killed}", namespace="serve"))
+    seen: set[str] = set()
+    for _ in range(2000):  # until Serve's replacement answers (it loads its models first)
+        replica, text = answer()
+        assert text == expected
+        assert replica != killed
+        seen.add(replica)
+        if seen - before:
+            break
+    assert seen - before, f"no new replica answered (answers from {sorted(seen)})"
+
+
 def test_build_app_takes_serve_run_arguments_as_strings() -> None:
     pytest.importorskip("ray")
     from decoctl.ray.serve import build_app
