@@ -6,11 +6,12 @@ ds = ray.data.read_json("prompts.jsonl")            # a "prompt" column; "max_ne
 out = decoctl.ray.generate_dataset(ds, models={"target": "pycode"}, batch_size=8, actors=4)
 out.write_json("out/")                               # every column of ds, and "text", "stats", "completions"
 
-Ray does the distributing: ``map_batches`` with an actor pool (``concurrency=actors``, ``num_cpus=threads`` each),
-its own scheduling, retries and back-pressure. An actor loads its models once; each call hands it a block of
-prompts, which ``Generator.generate_batch`` runs on ``batch_size`` rows of one KV buffer, refilled as prompts finish.
-Every prompt's output is the one it gets alone (greedy token for token, sampling the same text for the same seed:
-each prompt draws from its own rng), so neither the number of actors nor the way Ray cuts the dataset changes it.
+Ray does the distributing: ``map_batches`` over an actor pool (``ActorPoolStrategy(size=actors)``, each actor
+``num_cpus=threads``), with Ray's own scheduling, retries and back-pressure. An actor loads its models once; each
+call hands it a block of prompts, which ``Generator.generate_batch`` runs on ``batch_size`` rows of one KV buffer,
+refilled as prompts finish. Every prompt's output is the one it gets alone (greedy token for token, sampling the
+same text for the same seed: each prompt draws from its own rng), so neither the number of actors nor the way Ray
+cuts the dataset changes it.
 """
 
 from __future__ import annotations
