@@ -178,15 +178,16 @@ def _target_rows(target: Any, window: np.ndarray, meta: dict[str, Any]) -> tuple
             "the target's features pass float16's range (above 60000): extract them with --feature-dtype bfloat16 (the "
             "default) or float32"
         )
-    topk = meta["topk"]
-    top = np.argpartition(-logits, topk - 1, axis=1)[:, :topk]
-    values = np.take_along_axis(logits, top, axis=1)
-    order = np.argsort(-values, axis=1, kind="stable")
+    # torch's top-k, on torch's threads: an order of magnitude faster than numpy's argpartition over a large
+    # vocabulary (Gemma's 262k: 0.05 s a window of 256 tokens against 0.86 s, which was 40% of the extraction)
+    import torch
+
+    values, top = torch.topk(torch.from_numpy(np.asarray(logits)), meta["topk"], dim=1, sorted=True)
     return (
         np.asarray(window, np.int32),
         _encoded(np.asarray(features, np.float32), meta["dtype"]),
-        np.take_along_axis(top, order, axis=1).astype(np.int32),
-        np.take_along_axis(values, order, axis=1).astype(np.float32),
+        top.numpy().astype(np.int32),
+        values.numpy().astype(np.float32),
     )
 
 

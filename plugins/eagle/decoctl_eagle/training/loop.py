@@ -99,9 +99,8 @@ def bf16_native(device: torch.device) -> bool:
     BF16 or AMX (elsewhere autocast would emulate them, slower than float32)."""
     if device.type == "cuda":
         return bool(torch.cuda.is_bf16_supported())
-    cpu = getattr(torch._C, "_cpu", None)
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's, since torch 2.2
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
 
 
 @attrs.frozen(kw_only=True)
