@@ -50,17 +50,19 @@ def joined(address: str | None, what: str) -> Iterator[Any]:
     ray = require_ray(what)
     started = not ray.is_initialized()
     try:
-        yield connect(address, what)
+        yield connect(address, what, command=True)
     finally:
         if started and ray.is_initialized():
             ray.shutdown()
 
 
-def connect(address: str | None, what: str) -> Any:
+def connect(address: str | None, what: str, *, command: bool = False) -> Any:
     """Ray, initialised: the cluster this process already joined, else the one at ``address``, else a new local
     cluster on this machine (or the one RAY_ADDRESS names, as ray.init has it). ConfigError, before Ray starts
     anything, for a missing ray package or an address whose head does not answer (checked also where this process
-    has joined a cluster already, which it then keeps)."""
+    has joined a cluster already, which it then keeps). ``command``: for one of decoctl's commands, whose stdout is
+    its own: the workers' output stays in their logs and Ray says only warnings (a program of one's own gets
+    ray.init's defaults)."""
     ray = require_ray(what)
     if address:
         reach = _host_port(address)
@@ -76,8 +78,8 @@ def connect(address: str | None, what: str) -> Any:
     if ray.is_initialized():
         return ray
     try:
-        # the workers' output stays in their logs: a command's stdout is its own (JSON lines, say)
-        ray.init(address=address or None, logging_level=logging.WARNING, include_dashboard=False, log_to_driver=False)
+        quiet = {"logging_level": logging.WARNING, "include_dashboard": False, "log_to_driver": False}
+        ray.init(address=address or None, **(quiet if command else {}))
     except ConnectionError as exc:
         raise ConfigError(
             f"cannot join the Ray cluster at {address or 'auto'} ({exc}): start one with `ray start --head`, or leave "
