@@ -182,6 +182,17 @@ def test_build_app_takes_serve_run_arguments_as_strings() -> None:
     assert deployment.ray_actor_options["num_cpus"] == 1
 
 
+def test_build_app_passes_an_autoscaling_config_through_instead_of_a_replica_count() -> None:
+    pytest.importorskip("ray")
+    from decoctl.ray.serve import build_app
+
+    autoscaling = '{"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 6}'
+    deployment = build_app({"model": MODEL, "autoscaling": autoscaling, "max_rows": "8"})._bound_deployment
+    config = deployment._deployment_config.autoscaling_config
+    assert (config.min_replicas, config.max_replicas, config.target_ongoing_requests) == (1, 3, 6)
+    assert deployment.max_ongoing_requests == 8
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -214,6 +225,13 @@ def test_serving_on_ray_without_ray_names_the_extra(
     status, _, err = run_cli(capsys, "serve", "-m", MODEL, "--ray-replicas", "2")
     assert status == 2
     assert err.strip().endswith("needs Ray (ray is missing): pip install 'decoctl[ray]'")
+
+
+def test_autoscaling_that_is_not_json_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ray")
+    status, _, err = run_cli(capsys, "serve", "-m", MODEL, "--ray-replicas", "1", "--ray-autoscaling", "min=1")
+    assert status == 2
+    assert "decoctl: error: --ray-autoscaling is not JSON" in err
 
 
 @pytest.mark.parametrize("flag", [["--ray-address", "auto"], ["--ray-autoscaling", "{}"]])
