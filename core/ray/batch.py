@@ -30,7 +30,15 @@ from decoctl.ray.cluster import connect, require_cpus
 from decoctl.resolve import parse_processor_chain, resolve_controller, resolve_model
 from decoctl.specs import parse_options
 
-__all__ = ["OUTPUT_COLUMNS", "PromptActor", "check_plan", "generate_dataset", "plain_error", "prompt_dataset"]
+__all__ = [
+    "OUTPUT_COLUMNS",
+    "PromptActor",
+    "check_columns",
+    "check_plan",
+    "generate_dataset",
+    "plain_error",
+    "prompt_dataset",
+]
 
 #: the columns generate_dataset adds: each prompt's text, its stats as ``decoctl generate --prompts`` writes them,
 #: and its completions where the controller gave several (null otherwise)
@@ -82,8 +90,9 @@ def generate_dataset(
 
     An actor that dies (its node lost, its process killed) is restarted by Ray and its prompts run again, up to
     ``restarts`` times each; after that the run fails with the cause. ConfigError, before anything loads, for a
-    cluster with fewer CPUs than actors x threads and for values out of range. Ray is joined (or started locally)
-    here if this process has not done so.
+    cluster with fewer CPUs than actors x threads, for values out of range, and for a dataset whose columns are known
+    without running it and lack "prompt" or already hold one of the columns it adds (else the first block says
+    so). Ray is joined (or started locally) here if this process has not done so.
     """
     for name, value in (("threads", threads), ("batch_size", batch_size), ("actors", actors)):
         _positive(value, name)
@@ -101,6 +110,9 @@ def generate_dataset(
     }
     check_plan(generator)
     ray = connect(None, "decoctl.ray.generate_dataset")
+    schema = dataset.schema(fetch_if_missing=False)  # known without running anything, or None
+    if schema is not None:
+        check_columns(list(schema.names))
     from ray.data import ActorPoolStrategy
 
     plural = "s" if threads > 1 else ""
@@ -119,6 +131,17 @@ def generate_dataset(
             max_restarts=restarts,
             max_task_retries=restarts,
         )
+
+
+def check_columns(names: Sequence[str]) -> None:
+    """ConfigError for a dataset without a "prompt" column, or with a column generate_dataset adds."""
+    taken = [c for c in OUTPUT_COLUMNS if c in names]
+    if taken:
+        raise ConfigError(
+            f"the dataset already has the column(s) {taken}, which generate_dataset adds: rename or drop them"
+        )
+    if "prompt" not in names:
+        raise ConfigError(f'the dataset has no "prompt" column (it has {list(names)}): add or rename one')
 
 
 def check_plan(generator: Mapping[str, Any]) -> None:
@@ -184,13 +207,7 @@ class PromptActor:
         if self.generator is None:
             raise self.failed or DecoctlError("this actor has no Generator")
 
-        taken = [c for c in OUTPUT_COLUMNS if c in table.column_names]
-        if taken:
-            raise ConfigError(
-                f"the dataset already has the column(s) {taken}, which generate_dataset adds: rename or drop them"
-            )
-        if "prompt" not in table.column_names:
-            raise ConfigError(f'the dataset has no "prompt" column (it has {table.column_names}): add or rename one')
+        check_columns(table.column_names)
         indices = table.column("index").to_pylist() if "index" in table.column_names else None
         rows = table.select([c for c in PROMPT_KEYS if c in table.column_names]).to_pylist()
         prompts = []

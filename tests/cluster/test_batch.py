@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from decoctl.batch import BatchPrompt, result_record
+from decoctl.errors import ConfigError
 from decoctl.generate import Generator
 from decoctl.ray import generate_dataset, prompt_dataset
 
@@ -66,6 +67,23 @@ def test_a_dataset_of_its_own_keeps_its_columns_and_gains_text_stats_and_complet
     assert set(rows[0]) == {"id", "prompt", "text", "stats", "completions"}
     assert [by_id["a"]["text"], by_id["b"]["text"]] == [e["text"] for e in expected]
     assert by_id["a"]["completions"] is None  # one completion: listed only where a controller gives several
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([{"text": "def f(x):"}], "already has the column(s) ['text'], which generate_dataset adds"),
+        ([{"line": "def f(x):"}], "the dataset has no \"prompt\" column (it has ['line'])"),
+    ],
+)
+def test_a_dataset_without_a_prompt_column_or_with_an_output_column_is_refused_before_any_actor_starts(
+    ray_cluster: Any, rows: list[dict[str, str]], message: str
+) -> None:
+    import ray.data
+
+    with pytest.raises(ConfigError) as refused:
+        generate_dataset(ray.data.from_items(rows), {"target": MODEL})
+    assert message in str(refused.value)
 
 
 def test_an_actor_killed_part_way_is_replaced_and_every_output_stands(
