@@ -52,10 +52,12 @@ can differ from run to run (the distribution never does); a fixed k (``adaptive`
 
 from __future__ import annotations
 
+import threading
+import weakref
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, Protocol, TypeVar
 
 import attrs
 
@@ -75,6 +77,7 @@ __all__ = [
     "DraftLength",
     "ScheduledLength",
     "draft_length",
+    "remembered",
 ]
 
 #: the slope of c(n) (and of u(b), relative to its one measured point) before two sizes are measured: optimistic for
@@ -126,6 +129,9 @@ class DraftLength:
         ``accepted`` of them kept; ``draft_seconds`` spent drafting them after a catch-up that fed the drafter
         ``catch_up_rows`` committed tokens in ``catch_up_seconds`` (0 rows: none). For a drafter whose catch-up gives
         its first draft, ``catch_up_seconds`` include drafting that one and ``draft_seconds`` cover the rest."""
+
+    def restart(self) -> None:
+        """A new generation on the same model (an adaptive rule keeps what it measured)."""
 
     def stats(self) -> dict[str, object]:
         return {"k_final": self.value}
@@ -231,7 +237,7 @@ class DraftGate:
     """
 
     def __init__(self) -> None:
-        self._first: float | None = None  # the generation's first plain step: cold, the unit only until another
+        self.cold = True  # the generation's first step is plain and left out of the unit: the model runs cold
         self._plain: deque[float] = deque(maxlen=4 * JUDGE_AFTER)
         self._recent: deque[tuple[float, int]] = deque(maxlen=2 * JUDGE_AFTER)  # drafting steps: (seconds, tokens)
         self.stopped = False  # measured drafting did not pay: plain steps and probes only
@@ -243,22 +249,29 @@ class DraftGate:
         self._in_a_row = 0  # drafting steps since the last plain step
         self._lost = 0.0  # seconds drafting steps took beyond a plain step per token they committed (< 0: gained)
         self._total = 0.0
+        self._lost_here = 0.0  # the same in this generation
 
     @property
     def unit(self) -> float:
         """The seconds of a plain step (0.0 until one is measured)."""
-        if self._plain:
-            return sum(self._plain) / len(self._plain)
-        return self._first or 0.0
+        return sum(self._plain) / len(self._plain) if self._plain else 0.0
 
     @property
     def ready(self) -> bool:
-        """Whether the plain step is timed (two plain steps seen)."""
-        return bool(self._plain)
+        """Whether the plain step is timed (a plain step after a generation's cold first one seen)."""
+        return bool(self._plain) and not self.cold
+
+    def restart(self) -> None:
+        """A new generation on the same model: its first step runs cold again; what was measured stays (costs
+        belong to the machine and the model, and a drafter that did not pay is not tried again before a probe)."""
+        self.cold = True
+        self._probing = False
+        self.stops = self.probes = 0
+        self._lost_here = 0.0
 
     def drafts(self, wanted: bool = True) -> bool:
         """Whether the next step drafts: ``wanted`` and not stopped; or a probe that is due."""
-        if not self._plain or self._in_a_row >= REFRESH_EVERY:
+        if not self.ready or self._in_a_row >= REFRESH_EVERY:
             return False
         if self._trial or (wanted and not self.stopped):
             return True
@@ -274,8 +287,8 @@ class DraftGate:
         self._total += seconds
         if not drafted:
             self._in_a_row = 0
-            if self._first is None:
-                self._first = seconds
+            if self.cold:
+                self.cold = False
             else:
                 self._plain.append(seconds)
             return
@@ -283,6 +296,7 @@ class DraftGate:
         self._zeros = 0
         lost = seconds - committed * self.unit
         self._lost += lost
+        self._lost_here += lost
         if self._probing:
             self._probing = False
             self._wait = min(2 * self._wait, PROBE_AFTER_MOST)
@@ -311,7 +325,7 @@ class DraftGate:
             "probes": self.probes,
             "drafting_stops": self.stops,
             "drafting_stopped": self.stopped,
-            "drafting_loss": round(self._lost / unit, 2) if unit else 0.0,
+            "drafting_loss": round(self._lost_here / unit, 2) if unit else 0.0,
         }
 
 
@@ -327,7 +341,6 @@ class CostAwareLength(DraftLength):
         self._shared = int(first_from_catch_up)
         self._acceptance: dict[int, _Acceptance] = {}
         self._verify = _Timings()  # tokens fed -> verify seconds (the generation's first step apart)
-        self._first: float | None = None  # the first step's verify seconds: cold, the unit only until another
         self._catch_up = _Timings()  # rows fed -> catch-up seconds
         self._draft_step: list[float] = [0.0, 0.0]  # [seconds, draft steps]
         self.chosen: dict[int, int] = {}
@@ -339,6 +352,13 @@ class CostAwareLength(DraftLength):
     @property
     def probes(self) -> int:
         return self.gate.probes
+
+    def restart(self) -> None:
+        """A new generation: its first step is plain again (cold); costs, acceptance and the gate's verdict stay,
+        so a controller that keeps its rule pays for learning them once, not once a generation."""
+        self.gate.restart()
+        self._zero_at.clear()
+        self.chosen = {}
 
     def choose(self, bucket: int, cap: int, backlog: int = 0) -> int:
         high = min(self.high, cap)
@@ -394,9 +414,7 @@ class CostAwareLength(DraftLength):
         catch_up_rows: int = 0,
         catch_up_seconds: float = 0.0,
     ) -> None:
-        if drafted == 0 and self._first is None:
-            self._first = verify_seconds
-        else:
+        if not self.gate.cold:  # a generation's first step runs cold: its time is left out
             self._verify.add(drafted + 1, verify_seconds)
         if catch_up_rows:
             self._catch_up.add(catch_up_rows, catch_up_seconds)
@@ -414,7 +432,7 @@ class CostAwareLength(DraftLength):
 
     def _unit(self) -> float:
         """The seconds of a one-token verify forward (0.0 before any)."""
-        return self._verify.mean(1) or self._first or 0.0
+        return self._verify.mean(1)
 
     def cost(self, n: int) -> float:
         """c(n): a forward over n tokens in one-token forwards, from what was measured (module docstring)."""
@@ -449,13 +467,60 @@ class CostAwareLength(DraftLength):
         return out
 
 
-def draft_length(options: Mapping[str, Any], *, controller: str, first_from_catch_up: bool = False) -> DraftLength:
+def draft_length(
+    options: Mapping[str, Any],
+    *,
+    controller: str,
+    first_from_catch_up: bool = False,
+    model: object | None = None,
+    drafter: Hashable = None,
+) -> DraftLength:
     """The rule a controller's options ask for: ``k`` drafts every step when ``adaptive`` is false, else
     ``length_rule``'s ("schedule": HF's, "cost": the cost-aware rule) within [``k_min``, ``k_max``], starting at
-    ``k``. ``controller`` names the options in errors; ``first_from_catch_up``: see CostAwareLength."""
+    ``k``. ``controller`` names the options in errors; ``first_from_catch_up``: see CostAwareLength. With ``model``
+    (the target's LoadedModel) the cost rule is the one this thread's earlier generations of the same controller,
+    options and ``drafter`` (what drafts: a draft model's or head's name) on that model measured (``remembered``)."""
     k, low, high = options["k"], options["k_min"], options["k_max"]
     if not options["adaptive"]:
         return DraftLength(k, min(low, k), max(high, k), controller=controller)
     if options["length_rule"] == "schedule":
         return ScheduledLength(k, low, high, controller=controller)
-    return CostAwareLength(k, low, high, controller=controller, first_from_catch_up=first_from_catch_up)
+
+    def make() -> CostAwareLength:
+        return CostAwareLength(k, low, high, controller=controller, first_from_catch_up=first_from_catch_up)
+
+    if model is None:
+        return make()
+    key = (controller, first_from_catch_up, drafter, tuple(sorted((str(n), repr(v)) for n, v in options.items())))
+    return remembered(model, key, make)
+
+
+class _Restartable(Protocol):
+    def restart(self) -> None: ...
+
+
+_R = TypeVar("_R", bound=_Restartable)
+_kept = threading.local()
+
+
+def remembered(model: object, key: Hashable, make: Callable[[], _R]) -> _R:
+    """The rule (or gate) that this thread's earlier generations on ``model`` (the target's LoadedModel, which a
+    Generator keeps for its life) left under ``key`` (the controller, its options, its other roles' models),
+    restarted for a new generation; a new one from ``make()`` the first time. Costs belong to the machine and the
+    model, so a controller that takes its rule from here pays for learning them once per Generator, not once per
+    generation. Held per thread and weakly per model: nothing outlives the model, and two threads never share one."""
+    kept: dict[int, tuple[weakref.ref[object], dict[Hashable, Any]]] | None = getattr(_kept, "rules", None)
+    if kept is None:
+        kept = _kept.rules = {}
+    at = id(model)  # by identity: a model's fields need not be hashable
+    entry = kept.get(at)
+    if entry is None or entry[0]() is not model:
+        forget = kept.pop
+        entry = kept[at] = (weakref.ref(model, lambda _: forget(at, None)), {})
+    rules = entry[1]
+    rule = rules.get(key)
+    if rule is None:
+        rule = rules[key] = make()
+    else:
+        rule.restart()
+    return rule

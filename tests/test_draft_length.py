@@ -17,6 +17,7 @@ from decoctl.draft_length import (
     DraftLength,
     ScheduledLength,
     draft_length,
+    remembered,
 )
 
 
@@ -340,3 +341,56 @@ def test_a_rule_with_k_min_1_is_not_gated() -> None:
     for _ in range(3 * JUDGE_AFTER):
         assert rule.choose(bucket=0, cap=8) >= 1
         rule.observe(bucket=0, drafted=1, accepted=0, verify_seconds=3e-3, draft_seconds=0.0)
+
+
+# -- what a Generator's generations share ----------------------------------------------------------------------------
+class Model:
+    """Stands for a LoadedModel: compared by identity, its fields unhashable."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_a_cost_rule_given_the_same_model_and_options_is_the_one_measured_before_restarted() -> None:
+    model = Model()
+    options = {"k": 2, "k_min": 0, "k_max": 8, "adaptive": True, "length_rule": "cost"}
+    first = draft_length(options, controller="eagle", model=model, drafter="head")
+    seen(first, {1: 1.0, 3: 1.5}, bucket=0)
+    again = draft_length(options, controller="eagle", model=model, drafter="head")
+    assert again is first
+    assert again.cost(3) == pytest.approx(1.5)
+    assert again.choose(bucket=0, cap=8) == 0  # a new generation's first step runs cold: plain
+    assert draft_length(options, controller="eagle", model=model, drafter="other head") is not first
+    assert draft_length({**options, "k_max": 4}, controller="eagle", model=model, drafter="head") is not first
+    assert draft_length(options, controller="eagle", model=Model(), drafter="head") is not first
+
+
+def test_fixed_and_scheduled_lengths_start_afresh_each_generation() -> None:
+    model = Model()
+    for adaptive, rule in ((False, "cost"), (True, "schedule")):
+        options = {"k": 2, "k_min": 0, "k_max": 8, "adaptive": adaptive, "length_rule": rule}
+        one = draft_length(options, controller="eagle", model=model)
+        assert draft_length(options, controller="eagle", model=model) is not one
+
+
+def test_another_thread_never_gets_this_threads_rule() -> None:
+    import threading
+
+    model = Model()
+    mine = remembered(model, "key", DraftGate)
+    theirs: list[DraftGate] = []
+    thread = threading.Thread(target=lambda: theirs.append(remembered(model, "key", DraftGate)))
+    thread.start()
+    thread.join()
+    assert theirs[0] is not mine
+    assert remembered(model, "key", DraftGate) is mine
+
+
+def test_a_stopped_gate_stays_stopped_in_the_next_generation_and_times_its_cold_step_apart() -> None:
+    gate = timed_gate()
+    run(gate, JUDGE_AFTER, draft_ms=1.5, committed=1)
+    assert gate.stopped
+    gate.restart()
+    assert not gate.drafts(wanted=True)  # the cold first step
+    gate.observe(drafted=False, committed=1, seconds=5e-3)
+    assert gate.unit == pytest.approx(1e-3)  # its time left out
+    assert gate.stopped and gate.probes == 0 and gate.stats()["drafting_loss"] == 0.0

@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="timed steps per setting (after one untimed)")
     parser.add_argument("--batch", type=int, default=8, help="windows a step")
     parser.add_argument("--ttt-steps", type=int, default=3)
+    parser.add_argument("--intermediate", type=int, help="the MLP's width (default: twice the hidden size)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     settings = json.loads((args.run / "run.json").read_text())
@@ -68,7 +69,7 @@ def main() -> None:
             num_heads=int(decoder["num_attention_heads"]),
             num_kv_heads=int(decoder.get("num_key_value_heads", decoder["num_attention_heads"])),
             head_size=int(decoder.get("head_size") or target.hidden_size // decoder["num_attention_heads"]),
-            intermediate=2 * target.hidden_size,
+            intermediate=args.intermediate or 2 * target.hidden_size,
             vocab=target.vocab_size,
             draft_vocab=len(ids),
         )

@@ -181,10 +181,14 @@ def scratch_for(options: dict[str, Any]) -> int:
     return max(options["nodes"], (options["depth"] - 1) * options["topk"]) + 1
 
 
-def _length_rule(options: dict[str, Any]) -> DraftLength:
+def _length_rule(options: dict[str, Any], host: Host | None = None) -> DraftLength:
     """The chain's draft-length rule; the head's catch-up gives its first draft, so k drafts take k - 1 head
-    forwards after it."""
-    return draft_length(options, controller="eagle", first_from_catch_up=True)
+    forwards after it. With ``host``, the cost rule keeps what the Generator's earlier generations measured."""
+    if host is None:
+        return draft_length(options, controller="eagle", first_from_catch_up=True)
+    return draft_length(
+        options, controller="eagle", first_from_catch_up=True, model=host.target.model, drafter=host[HEAD].model.name
+    )
 
 
 def _taps_width(target: Any, head: Any, hidden: int) -> int:
@@ -263,6 +267,8 @@ class Eagle:
     # -- set-up -----------------------------------------------------------------------------------------------
     def start(self, host: Host) -> None:
         self._reset()
+        if not self.tree:
+            self.length = _length_rule(self._options, host)
         target, head = host.target, host[HEAD]
         prompt = host.prompt_tokens
         self._hidden = target.hidden_states().shape[1]

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from decoctl import CapabilityError, Host, Option
-from decoctl.draft_length import DraftGate
+from decoctl.draft_length import DraftGate, remembered
 from decoctl.verify import DraftTree, LookupIndex, Verdict, Verifier
 from decoctl_lookahead.pool import NGramPool
 
@@ -143,8 +143,10 @@ class Lookahead:
         rng = np.random.default_rng(self.seed_window)
         self._grid = rng.choice(prompt, size=(self.levels, self.window)).astype(np.int64)
         self.verifier.start(host)
-        #: whether a step drafts at all, from measured time (a gate per generation); None: a tree every step
-        self.gate = DraftGate() if self.adaptive else None
+        #: whether a step drafts at all, from measured time (kept for the Generator's later generations on this
+        #: model and shape); None: a tree every step
+        shape = (self.window, self.levels, self.guesses, self.copy_length)
+        self.gate = remembered(target.model, ("lookahead", shape), DraftGate) if self.adaptive else None
         self.hits = self.verified = self.trimmed = self.copied = self.copy_accepted = self.plain = 0
         host.trace["lookahead"] = {
             "window": self.window,

@@ -71,14 +71,18 @@ def test_where_tree_forwards_are_dear_lookahead_takes_plain_steps_with_greedys_t
     # lookahead's trees bring too few tokens for that
     baseline = Generator({"target": tree_model}, "greedy", registry=registry)
     lookahead = Generator({"target": tree_model}, "costed", registry=costed(lambda _: 0.48))
+    trees = []
     for prompt in (PROMPTS[0], PROMPTS[2]):
         result = lookahead.generate(prompt, max_new_tokens=64)
         assert result.tokens == baseline.generate(prompt, max_new_tokens=64).tokens, prompt
         stats = result.stats.controller
-        assert stats["drafting_stops"] >= 1
+        assert stats["drafting_stopped"]
         assert stats["plain_steps"] >= 30
-        trees = sum(count for count, _ in result.stats.forward_sizes["target"].tree.values())
-        assert trees <= JUDGE_AFTER + 2 * stats["probes"] + 2
+        trees.append(sum(count for count, _ in result.stats.forward_sizes["target"].tree.values()))
+    # the first generation learns it (its judged trees and a probe or two); the Generator's next one starts from what
+    # it measured, and tries a tree only to probe
+    assert trees[0] <= JUDGE_AFTER + 4
+    assert trees[1] <= 2
 
 
 def test_where_tree_forwards_cost_what_one_token_costs_lookahead_verifies_a_tree_every_step(

@@ -84,7 +84,7 @@ class Speculative:
 
     def start(self, host: Host) -> None:
         self.draft_seconds = self.verify_seconds = 0.0
-        self.k = self._rule()  # what a rule learnt belongs to one generation
+        self.k = self._rule(host)
         prompt = host.prompt_tokens
         self._context = np.zeros(len(prompt) + host.remaining + 1, np.int64)
         self._context[: len(prompt)] = prompt
@@ -100,9 +100,17 @@ class Speculative:
             return "greedy-exact-match"
         return "point-mass-rejection" if self.drafter.deterministic else "speculative-sampling"
 
-    def _rule(self) -> DraftLength:
-        # a draft model's catch-up (feeding it what was committed since it last drafted) gives its first draft
-        return draft_length(self._options, controller="speculative", first_from_catch_up=not self.drafter.model_free)
+    def _rule(self, host: Host | None = None) -> DraftLength:
+        # a draft model's catch-up (feeding it what was committed since it last drafted) gives its first draft; the
+        # cost rule's measurements carry over between a Generator's generations (decoctl.draft_length.remembered)
+        drafter = host["draft"].model.name if host is not None and not self.drafter.model_free else None
+        return draft_length(
+            self._options,
+            controller="speculative",
+            first_from_catch_up=not self.drafter.model_free,
+            model=None if host is None else host.target.model,
+            drafter=drafter,
+        )
 
     def step(self, host: Host) -> None:
         cap = min(self.k.high, self.verifier.room(host))
