@@ -88,7 +88,7 @@ PROBE_AFTER = 8
 #: the longest wait between probes
 PROBE_AFTER_MOST = 256
 #: a probe waits while what drafting has lost in this generation is above this fraction of its time
-PROBE_BUDGET = 0.02
+PROBE_BUDGET = 0.01
 #: drafting steps the gate judges by (the latest ones, at least this many, at most twice as many)
 JUDGE_AFTER = 8
 #: drafting steps in a row after which one plain step re-times the one-token forward

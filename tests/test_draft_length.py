@@ -293,7 +293,7 @@ def test_a_probe_that_pays_resumes_drafting() -> None:
     gate = timed_gate()
     run(gate, JUDGE_AFTER, draft_ms=1.5, committed=1)
     assert gate.stopped
-    drafted = run(gate, 200, draft_ms=1.2, committed=3)  # the text changed: drafts are accepted now
+    drafted = run(gate, 1000, draft_ms=1.2, committed=3)  # the text changed: drafts are accepted now
     first = drafted.index(True)
     assert all(drafted[first : first + 4 * JUDGE_AFTER])
     assert not gate.stopped
