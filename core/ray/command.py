@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 from decoctl.batch import BatchPrompt
@@ -47,6 +48,28 @@ def _died(exc: BaseException) -> DecoctlError:
     )
 
 
+@contextlib.contextmanager
+def _failures_to_ray_logs() -> Iterator[None]:
+    """Ray Data's own reports of a failure (ERROR records with Ray's tracebacks) kept to its log file for the
+    command's duration: the command says what failed in one line. Its progress still shows on the console."""
+    import ray.data  # noqa: F401 - sets up Ray Data's loggers
+
+    console = [h for h in logging.getLogger("ray.data").handlers if not type(h).__name__.startswith("SessionFile")]
+    below_errors = _BelowErrors()
+    for handler in console:
+        handler.addFilter(below_errors)
+    try:
+        yield
+    finally:
+        for handler in console:
+            handler.removeFilter(below_errors)
+
+
+class _BelowErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR
+
+
 def run_prompts(
     prompts: Sequence[BatchPrompt],
     *,
@@ -70,7 +93,11 @@ def run_prompts(
     tokens = 0
     how = ""
     # Ray prints what its workers report (an actor that died, say) on sys.stdout: on stderr while the lines are out
-    with contextlib.redirect_stdout(sys.stderr), joined(address, "decoctl generate --ray-actors") as ray:
+    with (
+        contextlib.redirect_stdout(sys.stderr),
+        joined(address, "decoctl generate --ray-actors") as ray,
+        _failures_to_ray_logs(),
+    ):
         started = time.perf_counter()  # the cluster joined; the actors' start and model loads count
         dataset = prompt_dataset(prompts, actors=actors, batch_size=batch_size)
         try:

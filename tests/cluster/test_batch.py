@@ -21,6 +21,13 @@ from .conftest import MODEL, jsonl, run_cli, without_timings
 DYING = Path(__file__).with_name("dying.py")
 
 
+def on_cluster(ray_cluster: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """decoctl generate -m MODEL ARGS as a process of its own, joining the session's cluster by its address."""
+    address = ray_cluster.get_runtime_context().gcs_address
+    command = [sys.executable, "-m", "decoctl.cli", "generate", "-m", MODEL, *args, "--ray-address", address]
+    return subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+
+
 def single_process(prompts: list[BatchPrompt], controller: str = "greedy", **limits: Any) -> list[dict[str, Any]]:
     generator = Generator({"target": MODEL}, controller, threads=1)
     results = generator.generate_batch(prompts, batch_size=2, **limits)
@@ -100,18 +107,18 @@ def test_an_actor_killed_part_way_is_replaced_and_every_output_stands(
 
 
 def test_an_actor_that_keeps_dying_fails_the_command_with_one_clear_error(
-    ray_cluster: Any, prompts_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ray_cluster: Any, prompts_file: Path, tmp_path: Path
 ) -> None:
     controller = f"{DYING}:DiesAlways"
-    status, out, err = run_cli(
-        capsys, "generate", "-m", MODEL, "--prompts", str(prompts_file), "--ray-actors", "1", "-c", controller,
+    done = on_cluster(
+        ray_cluster, "--prompts", str(prompts_file), "--ray-actors", "1", "-c", controller,
         "-o", f"marker={tmp_path / 'died'}",
     )  # fmt: skip
-    assert status == 2
-    assert out == ""
-    assert "decoctl: error: Ray could not finish the prompts" in err
-    assert "out of memory" in err
-    assert "Traceback" not in err
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "decoctl: error: Ray could not finish the prompts" in done.stderr
+    assert "out of memory" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_the_command_on_a_cluster_by_address_writes_the_single_process_lines_in_file_order(
@@ -135,12 +142,11 @@ def test_the_command_on_a_cluster_by_address_writes_the_single_process_lines_in_
     assert "on 2 Ray actors of 1 thread(s)" in on_cluster.stderr
 
 
-def test_a_prompt_an_actor_refuses_fails_the_command_with_that_refusal(
-    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_prompt_an_actor_refuses_fails_the_command_with_that_refusal(ray_cluster: Any, tmp_path: Path) -> None:
     long = tmp_path / "long.jsonl"
     long.write_text('{"prompt": "x"}\n' + '{"prompt": "%s"}\n' % ("a = 1\\n" * 1500), encoding="utf-8")
-    status, _, err = run_cli(capsys, "generate", "-m", MODEL, "--prompts", str(long), "--ray-actors", "1")
-    assert status == 2
-    assert "decoctl: error: prompts 0 to 1: prompt 1" in err
-    assert "Traceback" not in err
+    done = on_cluster(ray_cluster, "--prompts", str(long), "--ray-actors", "1")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "decoctl: error: prompts 0 to 1: prompt 1 has 6000 tokens" in done.stderr
+    assert "Traceback" not in done.stderr
