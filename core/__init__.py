@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from decoctl.generate import GenerationResult, GenerationStats, Generator, generate, stream
     from decoctl.host import Host, Sequence
     from decoctl.importers.registry import RegisteredModel, models_dir, register_role_default
+    from decoctl.model.graph import tap_layers
     from decoctl.model.loader import load_model
-    from decoctl.model.taps import tap_layers
     from decoctl.plugins import PluginRegistry, hookimpl
     from decoctl.processing import LogitsProcessor, ProcessContext, ProcessorChain, bound_through
     from decoctl.resolve import resolve_model
@@ -62,7 +62,7 @@ _EXPORTS = {
     **dict.fromkeys(("Host", "Sequence"), "decoctl.host"),
     **dict.fromkeys(("RegisteredModel", "models_dir", "register_role_default"), "decoctl.importers.registry"),
     "load_model": "decoctl.model.loader",
-    "tap_layers": "decoctl.model.taps",
+    "tap_layers": "decoctl.model.graph",
     **dict.fromkeys(("PluginRegistry", "hookimpl"), "decoctl.plugins"),
     **dict.fromkeys(("LogitsProcessor", "ProcessContext", "ProcessorChain", "bound_through"), "decoctl.processing"),
     "resolve_model": "decoctl.resolve",

@@ -229,7 +229,7 @@ def build_contenders(
             contender = TransformersContender(spec.name, onnx_model(None), threads, spec.options)
         elif spec.name in ("raw-ort", "ort-genai", *ORT_GENAI_SPECULATIVE):
             # model=PATH: another folder for this contender (a tree-enabled model needs none: these contenders
-            # run its plain twin, decoctl.model.plain_twin); the contender's label shows it
+            # run its plain twin, decoctl.model.graph); the contender's label shows it
             options = {k: v for k, v in spec.options.items() if k != "model"}
             if options and spec.name in ("raw-ort", "ort-genai"):
                 raise ConfigError(f"contender {spec.name} takes no options but model=PATH")

@@ -23,7 +23,7 @@ Last, the cost of forking a row that holds a ``--fork-prefix``-token prefix (its
 buffer) against one decode step at that length: the issue's target is a fork cheaper than a step.
 
 onnxruntime-genai's contenders are skipped, with the reason in the report, when it is not installed or cannot run the
-model (an Optimum export); they run a tree-enabled model's plain twin (decoctl.model.plain_twin).
+model (an Optimum export); they run a tree-enabled model's plain twin (decoctl.model.graph).
 """
 
 from __future__ import annotations

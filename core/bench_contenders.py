@@ -13,7 +13,7 @@ decoder block in genai_config.json next to the target's ``model.decoder``, with 
 
 A model with tree inputs (``decoctl models enable-tree``; the bundled demo models) takes ``position_ids`` and
 ``attention_bias``, which onnxruntime-genai never feeds: the raw loop and the onnxruntime-genai contenders run its
-plain twin instead (the same weights without those inputs, derived once and cached: decoctl.model.plain_twin).
+plain twin instead (the same weights without those inputs, derived once and cached: decoctl.model.graph).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import onnxruntime as ort
 from decoctl.bench_ideal import ForwardLedger, ledger_from_stats, spread
 from decoctl.errors import ConfigError
 from decoctl.generate import Generator
+from decoctl.model.graph import plain_twin
 from decoctl.model.loader import LoadedModel, session_options
-from decoctl.model.plain_twin import plain_twin
 from decoctl.model.spec import ModelSpec
 from decoctl.specs import Option, parse_options
 

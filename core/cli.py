@@ -352,7 +352,7 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
         print(f"  {dry_forward(model)}")
         return 0
     if args.models_command == "enable-tree":
-        from decoctl.model.transform import enable_tree
+        from decoctl.model.graph import enable_tree
         from decoctl.resolve import resolve_model
 
         _, source = resolve_model(args.src, registry)
@@ -384,7 +384,7 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
 
 
 def _run_enable_taps(args: argparse.Namespace, registry: PluginRegistry) -> int:
-    from decoctl.model.taps import enable_taps
+    from decoctl.model.graph import enable_taps
     from decoctl.resolve import resolve_model
 
     _, source = resolve_model(args.src, registry)

@@ -12,7 +12,7 @@ from decoctl import ConfigError, ModelLoadError
 from decoctl.cli import main
 from decoctl.host import Sequence
 from decoctl.model import load_model
-from decoctl.model.taps import default_tap_layers, enable_taps, tap_layers
+from decoctl.model.graph import default_tap_layers, enable_taps, tap_layers
 from decoctl.testing import build_genai_model
 
 TOKENS = [1, 5, 9, 22, 40, 7, 300]

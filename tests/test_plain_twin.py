@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from decoctl.errors import ConfigError
 from decoctl.model import load_model
-from decoctl.model.plain_twin import cache_dir, plain_twin
+from decoctl.model.graph import cache_dir, plain_twin
 from decoctl.testing import build_genai_model
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from decoctl.host import Sequence
 from decoctl.model import load_model
-from decoctl.model.transform import enable_tree
+from decoctl.model.graph import enable_tree
 
 
 def random_parents(size: int, rng: np.random.Generator) -> list[int]:

@@ -1,7 +1,7 @@
 """One onnxruntime Run that feeds one token to each of rows 0..k-1 of a role's batched KV buffer.
 
 Rows may have different lengths: GroupQueryAttention takes one past length per row (``seqlens_k``), either fed
-directly (the loader removed the builder's mask subgraph, decoctl.model.fed_lengths) or derived by that subgraph
+directly (the loader removed the builder's mask subgraph, decoctl.model.graph._fed_lengths) or derived by that subgraph
 from an attention mask whose row r holds length_r + 1 ones. Graphs with tree inputs get each row's position and a
 bias row (zero, plus each sliding window counted from the row's own position). Multi-token forwards with a past
 are not batched: GroupQueryAttention refuses them at batch > 1, so they run one row at a time through the row's own
@@ -78,7 +78,7 @@ class BatchStep:
             shape = [k, 1, 1, total]
             binding.bind_input(caps.attention_bias, "cpu", 0, np.float32, shape, self._bias.ctypes.data)
             for window, buffer in zip(caps.windows, self._windows, strict=True):
-                # a query at position p sees keys at positions p - window + 1 .. p (decoctl.model.window_bias)
+                # a query at position p sees keys at positions p - window + 1 .. p (decoctl.model.graph._window_bias)
                 cut = (lengths - (window.window - 1))[:, None]
                 block = buffer[: k * total].reshape(k, total)
                 block[:] = np.where(np.arange(total)[None, :] < cut, np.float32(-np.inf), np.float32(0.0))

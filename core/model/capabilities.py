@@ -7,11 +7,11 @@ from typing import Any
 import attrs
 
 from decoctl.errors import ModelLoadError
-from decoctl.model.fed_lengths import FedLengths
+from decoctl.model.graph._fed_lengths import FedLengths
+from decoctl.model.graph._window_bias import WindowBias
 from decoctl.model.kv_cache import graph_dtype
 from decoctl.model.ring_cache import RingLayer
 from decoctl.model.spec import ModelSpec, NonAttentionState, non_attention_state
-from decoctl.model.window_bias import WindowBias
 
 __all__ = ["Capabilities"]
 
@@ -36,9 +36,9 @@ class Capabilities:
     ``feature_input`` / ``feature_size``: the input that takes another model's features (a draft head's
     ``target_hidden_states``, one float32 row per fed token) and its width, or None.
     ``fed_lengths``: the inputs that take GroupQueryAttention's sequence lengths where the loader removed the
-    mask subgraph (decoctl.model.fed_lengths); the graph then has no attention mask input. None otherwise.
+    mask subgraph (decoctl.model.graph._fed_lengths); the graph then has no attention mask input. None otherwise.
     ``windows``: the bias inputs of sliding-window layers whose window the loader moved from the kernel into the
-    bias (decoctl.model.window_bias), which the runner fills with the tree bias plus the window in positions.
+    bias (decoctl.model.graph._window_bias), which the runner fills with the tree bias plus the window in positions.
     ``inputs_embeds``: the decoder's embeddings input (it takes embeddings, not token ids), or None.
     ``rings``: the layers whose GroupQueryAttention keeps a window-sized ring cache (decoctl.model.ring_cache).
     ``use_cache_branch``: the input that picks a merged decoder's branch (the runner feeds False on an empty cache,

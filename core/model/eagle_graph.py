@@ -20,7 +20,7 @@ the features through one input, ``target_hidden_states``:
 
 * ``eagle-3`` (Li et al., EAGLE-3, 2025): feature width 4H, laid out [taps (3H), own (H)]. The taps are the
   target's ``aux_hidden_states``: the residual stream entering three decoder layers, low, middle and high
-  (decoctl.model.taps). While synced the taps are the target's and own is zero; while drafting the taps are zero
+  (decoctl.model.graph). While synced the taps are the target's and own is zero; while drafting the taps are zero
   and own is the head's previous ``hidden_states``. fc has no bias, so one graph computes both cases exactly::
 
       x = fc(taps) + own
@@ -293,7 +293,7 @@ def head_graph(dims: HeadDims, weights: Mapping[str, np.ndarray], *, max_length:
     g = _Graph()
     h = dims.hidden
     # GroupQueryAttention's lengths from the attention mask, node for node as onnxruntime-genai's builder writes
-    # them (decoctl.model.fed_lengths then feeds them directly)
+    # them (decoctl.model.graph._fed_lengths then feeds them directly)
     mask = "/model/attn_mask_reformat"
     summed = g.op("ReduceSum", ["attention_mask", g.ints(1)], f"{mask}/ReduceSum", keepdims=0)
     seqlens = g.op("Sub", [summed, g.scalar_int(1)], f"{mask}/Sub")

@@ -14,11 +14,13 @@ import onnxruntime as ort
 
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
-from decoctl.model import fed_lengths, protowire, window_bias
 from decoctl.model import huge_pages as pages
 from decoctl.model import pipeline as pipelines
 from decoctl.model.capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model.encoder_decoder import Encoder, read_encoder
+from decoctl.model.graph import _fed_lengths as fed_lengths
+from decoctl.model.graph import _protowire as protowire
+from decoctl.model.graph import _window_bias as window_bias
 from decoctl.model.kv_cache import kv_shape
 from decoctl.model.prefill import PrefillGraph, read_prefill
 from decoctl.model.ring_cache import DEFAULT_SLACK, RingLayer
@@ -99,7 +101,7 @@ def load_model(
     :param name: a display name (defaults to the folder name).
     :param threads: intra-op threads; None takes onnxruntime-genai's default (cores/2, at least 1).
     :param feed_lengths: remove onnxruntime-genai's attention-mask subgraph and feed GroupQueryAttention's
-        sequence lengths directly (decoctl.model.fed_lengths; the same logits, a cheaper step). None: on unless
+        sequence lengths directly (decoctl.model.graph._fed_lengths; the same logits, a cheaper step). None: on unless
         the environment sets DECOCTL_FEED_LENGTHS=0.
     :param huge_pages: place the weights for 2 MiB pages (decoctl.model.huge_pages): glibc's mmap threshold is
         raised while the session loads, then the process's large resident memory is madvised into huge pages.
@@ -441,7 +443,7 @@ def _warn_if_window_dropped(spec: ModelSpec, graph: bytes | None) -> None:
 
 def _window_in_bias(spec: ModelSpec, graph: bytes, ring_slack: int) -> window_bias.Rewritten | None:
     """The graph with its sliding windows moved into bias inputs of their own so that tree forwards stay exact on
-    windowed layers (decoctl.model.window_bias), or None where nothing moves."""
+    windowed layers (decoctl.model.graph._window_bias), or None where nothing moves."""
     try:
         result = window_bias.rewrite(graph, ATTENTION_BIAS, ring_slack)
     except ModelLoadError:

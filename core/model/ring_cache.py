@@ -15,7 +15,7 @@ only, so a rewind by up to ``slack + 1`` tokens is always exact; a deeper one is
 still held, and otherwise refused by name (SequenceError), never approximated.
 
 Tree forwards: the loader widens the kernel window of ring layers that read a tree's attention bias by ``slack``
-positions and puts the model's own window into the bias (decoctl.model.window_bias), so a tree of up to
+positions and puts the model's own window into the bias (decoctl.model.graph._window_bias), so a tree of up to
 ``slack + 1`` tokens gives every row the plain forward of its path; a larger one is refused (CapabilityError).
 """
 

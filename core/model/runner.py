@@ -410,7 +410,7 @@ class Runner:
     def _bind_windows(
         self, n: int, total: int, fed: np.ndarray, bias: np.ndarray | None, bias_positions: np.ndarray | None
     ) -> None:
-        """Bind each sliding window's bias input (decoctl.model.window_bias): the attention bias, plus -inf where
+        """Bind each sliding window's bias input (decoctl.model.graph._window_bias): the attention bias, plus -inf where
         the key's position is ``window`` or more behind the query's. Slots before the bias's span hold the
         positions 0.. (the cached prefix); the span's slots hold ``bias_positions`` (or their own slot numbers)."""
         size = n * total

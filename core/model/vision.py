@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from decoctl.errors import CapabilityError, ConfigError, ModelLoadError, SequenceError
-from decoctl.model import protowire as pw
+from decoctl.model.graph import _protowire as pw
 
 __all__ = ["ImageFeatures", "ImagePreprocessor", "TokenEmbedder", "VisionParts", "read_embedding_table"]
 

@@ -25,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from decoctl.model.capabilities import FEATURES
 from decoctl.model.genai_layout import builder_decoder_section
-from decoctl.model.taps import TAP_LAYERS_KEY
+from decoctl.model.graph import TAP_LAYERS_KEY
 from decoctl.testing.tokenizer import (
     BOS_TOKEN_ID,
     EOS_TOKEN_ID,
@@ -128,7 +128,7 @@ def build_genai_model(
     ``aux_hidden_states`` float32[batch_size, sequence_length, hidden * len(tap_layers)], the residual stream
     entering each listed decoder layer (0: the token embeddings), concatenated in the order given: the taps an
     EAGLE-3 head reads, as the builder's ``aux_hidden_state_layers`` and ``decoctl models enable-taps --layers``
-    write them (decoctl.model.taps). The layers are also recorded in the ONNX metadata under enable-taps' key, so
+    write them (decoctl.model.graph). The layers are also recorded in the ONNX metadata under enable-taps' key, so
     ``decoctl.tap_layers(folder)`` reads them.
 
     Attention is com.microsoft GroupQueryAttention with rotary embeddings inside the op, so the model runs

@@ -13,7 +13,7 @@ from builder_models import PROMPT, VOCAB, Export
 from decoctl import Generator, ModelLoadError
 from decoctl.host import Sequence
 from decoctl.model import load_model
-from decoctl.model.transform import enable_tree
+from decoctl.model.graph import enable_tree
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import BOS_TOKEN_ID
 

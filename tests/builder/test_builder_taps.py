@@ -10,7 +10,7 @@ from builder_models import PROMPT, Export
 
 from decoctl.host import Sequence
 from decoctl.model import load_model
-from decoctl.model.taps import enable_taps
+from decoctl.model.graph import enable_taps
 
 ATOL = 1e-4
 

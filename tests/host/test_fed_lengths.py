@@ -13,8 +13,8 @@ from structlog.testing import capture_logs
 
 from decoctl.host import Sequence
 from decoctl.model import load_model
-from decoctl.model import protowire as pw
-from decoctl.model.fed_lengths import Kept, Rewritten, rewrite
+from decoctl.model.graph import _protowire as pw
+from decoctl.model.graph._fed_lengths import Kept, Rewritten, rewrite
 from decoctl.testing import build_genai_model
 
 

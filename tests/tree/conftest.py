@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from decoctl.model.transform import enable_tree
+from decoctl.model.graph import enable_tree
 from decoctl.testing import build_genai_model
 
 SEED = 7

@@ -20,7 +20,7 @@ from decoctl import ConfigError, ModelLoadError
 from decoctl.cli import main
 from decoctl.host import Sequence
 from decoctl.model import load_model
-from decoctl.model.transform import disable_tree, enable_tree
+from decoctl.model.graph import disable_tree, enable_tree
 
 PREFIX = [0, 17, 42]
 TREE_TOKENS = [5, 6, 7, 8, 9]

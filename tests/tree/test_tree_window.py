@@ -2,7 +2,7 @@
 
 GroupQueryAttention's window counts KV slots, and a tree token's slot runs ahead of its position by the number
 of siblings fed before it; the loader moves those layers' window into a bias counted in positions
-(decoctl.model.window_bias). The oracle is onnxruntime's own single pass over the path on the unmodified graph.
+(decoctl.model.graph._window_bias). The oracle is onnxruntime's own single pass over the path on the unmodified graph.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tree_strategies import ancestors, parent_arrays
 
 from decoctl.host import Sequence
 from decoctl.model import load_model
-from decoctl.model.transform import enable_tree
+from decoctl.model.graph import enable_tree
 from decoctl.testing import build_genai_model, reference_logits
 
 ATOL = 1e-4

@@ -131,7 +131,7 @@ def _is_2d_transpose(node: Any) -> bool:
 
 def _external(tensor: Any, folder: Path) -> np.ndarray:
     """An initializer kept in an external data file, read straight from it as float32. onnx's own reader refuses
-    a data file with several hard links, which is how decoctl's plain twin (decoctl.model.plain_twin) shares a
+    a data file with several hard links, which is how decoctl's plain twin (decoctl.model.graph) shares a
     model's weights without copying them."""
     from onnx import helper
 

@@ -24,7 +24,7 @@ from decoctl_eagle.training.model import Head  # noqa: E402
 
 from decoctl import Generator  # noqa: E402
 from decoctl.model.eagle_graph import EAGLE1, EAGLE3, HeadDims  # noqa: E402
-from decoctl.model.taps import enable_taps  # noqa: E402
+from decoctl.model.graph import enable_taps  # noqa: E402
 from decoctl.plugins import PluginRegistry  # noqa: E402
 from decoctl.testing import build_genai_model  # noqa: E402
 

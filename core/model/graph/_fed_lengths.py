@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from decoctl.model import protowire as pw
+from decoctl.model.graph import _protowire as pw
 
 __all__ = ["FedLengths", "Kept", "Rewritten", "rewrite"]
 

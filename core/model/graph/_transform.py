@@ -22,7 +22,7 @@ from typing import Any
 
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
-from decoctl.model import protowire as pw
+from decoctl.model.graph import _protowire as pw
 
 __all__ = ["ATTENTION_BIAS", "POSITION_IDS", "disable_tree", "enable_tree"]
 

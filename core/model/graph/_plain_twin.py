@@ -2,7 +2,7 @@
 
 A model with tree inputs (``decoctl models enable-tree``, the bundled demo model among them) takes
 ``position_ids`` and ``attention_bias``, which onnxruntime-genai does not feed. ``plain_twin(folder)`` hands back
-a folder with the same weights and without those inputs (decoctl.model.transform.disable_tree: the graph edited
+a folder with the same weights and without those inputs (decoctl.model.graph.disable_tree: the graph edited
 without the onnx package, every other file linked), written once under the user's cache directory,
 ``$XDG_CACHE_HOME/decoctl/plain/<name>-<key>`` (``~/.cache/...`` when XDG_CACHE_HOME is unset), where the key
 hashes the source folder's path and each file's size and modification time, so an edited source gets a new twin.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
-from decoctl.model.transform import GENAI_CONFIG, disable_tree, has_tree_inputs
+from decoctl.model.graph._transform import GENAI_CONFIG, disable_tree, has_tree_inputs
 
 __all__ = ["cache_dir", "plain_twin"]
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import attrs
 
-from decoctl.model import protowire as pw
+from decoctl.model.graph import _protowire as pw
 
 __all__ = ["Kept", "Rewritten", "WindowBias", "has_window", "rewrite", "ring_windows"]
 

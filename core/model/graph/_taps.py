@@ -29,7 +29,7 @@ from typing import Any
 
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
-from decoctl.model.transform import GENAI_CONFIG
+from decoctl.model.graph._transform import GENAI_CONFIG
 
 __all__ = [
     "AUX_HIDDEN_STATES",
