@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -26,6 +27,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from decoctl import errors
 from decoctl.errors import ConfigError, DecoctlError
 from decoctl.plugins import PluginRegistry
 from decoctl.ray.cluster import joined, require_cpus, require_ray
@@ -201,6 +203,22 @@ def build_app(args: Mapping[str, Any]) -> Any:
     return application(**dict(args))
 
 
+def _replica_error(serve: Any) -> DecoctlError | None:
+    """The DecoctlError a replica's constructor raised (a model that does not load, say), from the message Serve
+    keeps for the failed deployment: its traceback's last "decoctl.errors.Name: message" line."""
+    try:
+        deployments = serve.status().applications[APP_NAME].deployments
+    except Exception:  # no status to read: Serve's own error stands
+        return None
+    text = "\n".join(str(getattr(d, "message", "")) for d in deployments.values())
+    found = re.findall(r"^decoctl\.errors\.(\w+): (.*)$", text, flags=re.MULTILINE)
+    if not found:
+        return None
+    name, message = found[-1]
+    kind = getattr(errors, name, DecoctlError)
+    return kind(message) if isinstance(kind, type) and issubclass(kind, DecoctlError) else DecoctlError(message)
+
+
 def _free_port(host: str) -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -255,7 +273,7 @@ def run_replicas(args: argparse.Namespace, registry: PluginRegistry) -> int:
         try:
             serve.run(app, name=APP_NAME, route_prefix="/")
         except Exception as exc:
-            error = decoctl_error(exc)
+            error = decoctl_error(exc) or _replica_error(serve)
             serve.shutdown()
             if error is None and not isinstance(exc, ray.exceptions.RayError | RuntimeError):
                 raise

@@ -97,3 +97,13 @@ def test_an_unknown_controller_is_refused_before_any_actor_starts(
     )
     assert status == 2
     assert "decoctl: error: unknown controller 'nosuch'" in err
+
+
+def test_a_model_no_replica_can_load_fails_the_serve_command_with_the_loading_error(
+    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no-model-here"
+    status, _, err = run_cli(capsys, "serve", "-m", str(missing), "--ray-replicas", "1", "--port", str(_closed_port()))
+    assert status == 2
+    assert f"decoctl: error: model folder {missing} does not exist" in err
+    assert "Traceback" not in err
