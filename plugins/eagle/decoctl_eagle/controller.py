@@ -339,13 +339,21 @@ class Eagle:
         clock = self.clock
         began = clock()
         k = self.length.choose(bucket=0, cap=self._chain_room(host), backlog=self._catch_up_rows())
-        rows = self.catch_up(host) if k else 0
+        if not k:  # a plain target step: no head, no drafting bookkeeping (it runs where drafting does not pay)
+            verdict = self.verifier.chain(host, ())
+            features = self._features(host.target, slice(0, 1))
+            verified = clock()
+            self.length.observe(bucket=0, drafted=0, accepted=0, verify_seconds=verified - began, draft_seconds=0.0)
+            self.verify_seconds += verified - began
+            self._finish(host, verdict, features)
+            return
+        rows = self.catch_up(host)
         caught = clock()
-        drafts, q, first = self._draft_chain(host, k) if k else ([], None, caught)
+        drafts, q, first = self._draft_chain(host, k)
         verifying = clock()
         verdict = self.verifier.chain(host, drafts, q)
         # copied before the target moves on: the true features at the pending token and every accepted draft
-        features = self._features(host.target, verdict.nodes)
+        features = self._features(host.target, slice(0, len(verdict.nodes)))
         verified = clock()
         # the rule prices the catch-up with the first draft, which its last row gives, and each further draft apart
         self.length.observe(
