@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from decoctl.batch import PROMPT_KEYS, BatchPrompt, result_record
+from decoctl.batch import PROMPT_KEYS, BatchPrompt, read_prompts, result_record
 from decoctl.errors import ConfigError, DecoctlError, GenerationError
 from decoctl.generate import Generator
 from decoctl.plugins import PluginRegistry
@@ -160,24 +160,33 @@ def check_plan(generator: Mapping[str, Any]) -> None:
             resolve_model(reference, registry)
 
 
-def prompt_dataset(prompts: Sequence[BatchPrompt], *, actors: int, batch_size: int) -> Any:
-    """A dataset of ``prompts`` (as read_prompts gives them) with their "index", cut into blocks so that every actor
-    has some (at most 4 x batch_size prompts a block), whose rows keep their order through generate_dataset and
-    whose failures are raised as the actor raised them."""
+def prompt_dataset(
+    prompts: str | Path | Sequence[str | Mapping[str, Any] | BatchPrompt], *, actors: int = 1, batch_size: int = 8
+) -> Any:
+    """A dataset of ``prompts`` (a JSONL prompts file's path, as ``decoctl generate --prompts`` reads it, or prompt
+    strings, mappings with a prompts file line's keys, BatchPrompts) with their "index", cut into blocks so that
+    every one of ``actors`` has some (at most 4 x batch_size prompts a block), whose rows keep their order through
+    generate_dataset and whose failures are raised as the actor raised them. ConfigError naming the line or prompt
+    that is not one."""
     import pyarrow as pa
     import ray.data
 
+    given = read_prompts(prompts) if isinstance(prompts, str | Path) else prompts
+    items = [BatchPrompt.of(p, f"prompt {i}") for i, p in enumerate(given)]
+    if not items:
+        raise ConfigError("prompt_dataset: no prompts given")
+
     table = pa.table(
         {
-            "index": pa.array(range(len(prompts)), pa.int64()),
-            "prompt": pa.array([p.prompt for p in prompts], pa.string()),
-            "max_new_tokens": pa.array([p.max_new_tokens for p in prompts], pa.int64()),
-            "seed": pa.array([p.seed for p in prompts], pa.int64()),
-            "stop": pa.array([list(p.stop) for p in prompts], pa.list_(pa.string())),
+            "index": pa.array(range(len(items)), pa.int64()),
+            "prompt": pa.array([p.prompt for p in items], pa.string()),
+            "max_new_tokens": pa.array([p.max_new_tokens for p in items], pa.int64()),
+            "seed": pa.array([p.seed for p in items], pa.int64()),
+            "stop": pa.array([list(p.stop) for p in items], pa.list_(pa.string())),
         }
     )
-    per_block = max(1, min(4 * batch_size, math.ceil(len(prompts) / actors)))
-    blocks = math.ceil(len(prompts) / per_block)
+    per_block = max(1, min(4 * batch_size, math.ceil(len(items) / actors)))
+    blocks = math.ceil(len(items) / per_block)
     dataset = ray.data.from_arrow([table.slice(start * per_block, per_block) for start in range(blocks)])
     # this dataset's own context (a copy of the current one): its rows in order, and a prompt's failure raised as
     # the exception the actor raised (decoctl's), not as Ray Data's wrapping of it

@@ -55,9 +55,9 @@ def test_greedy_outputs_on_two_actors_equal_the_single_process_run_in_prompt_ord
 
 
 def test_seeded_samples_on_two_actors_draw_the_same_text_as_one_process(
-    ray_cluster: Any, prompts: list[BatchPrompt]
+    ray_cluster: Any, prompts: list[BatchPrompt], prompts_file: Path
 ) -> None:
-    dataset = prompt_dataset(prompts, actors=2, batch_size=2)
+    dataset = prompt_dataset(prompts_file, actors=2, batch_size=2)  # the same prompts, read from their file
     generated = generate_dataset(dataset, {"target": MODEL}, "sample", batch_size=2, actors=2, seed=3)
     expected = single_process(prompts, "sample", seed=3)
     assert records(on_ray(generated)) == expected
