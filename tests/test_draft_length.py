@@ -394,3 +394,20 @@ def test_a_stopped_gate_stays_stopped_in_the_next_generation_and_times_its_cold_
     gate.observe(drafted=False, committed=1, seconds=5e-3)
     assert gate.unit == pytest.approx(1e-3)  # its time left out
     assert gate.stopped and gate.probes == 0 and gate.stats()["drafting_loss"] == 0.0
+
+
+def test_a_later_generations_first_steps_do_not_time_the_unit() -> None:
+    gate = timed_gate(plain_ms=1.0)
+    gate.restart()
+    for ms in (2.1, 1.8, 1.8, 1.7):  # cold, then warming up
+        gate.drafts(wanted=False)
+        gate.observe(drafted=False, committed=1, seconds=ms / 1000)
+    assert gate.unit == pytest.approx(1e-3)
+    gate.observe(drafted=False, committed=1, seconds=1.2e-3)
+    assert gate.unit == pytest.approx(1.1e-3)
+
+
+def test_a_single_draft_after_a_catch_up_adds_no_draft_step_cost() -> None:
+    rule = head_rule()
+    drafting(rule, 10, drafted=1, accepted=1, verify_ms=1.2, step_ms=0.3, catch_up_ms=0.1)
+    assert rule.stats()["draft_step_cost"] == 0.0
