@@ -12,6 +12,7 @@ rule chooses is the same on every machine; the ``costed`` registry offers it as 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,20 +36,38 @@ class CostedEagle(Eagle):
     token it feeds, a head forward ``head_ms``. The draft-length rule learns these costs as it would learn measured
     ones."""
 
-    def __init__(self, options: dict[str, Any], *, head_ms: float, per_token: float = 0.1) -> None:
+    def __init__(
+        self,
+        options: dict[str, Any],
+        *,
+        head_ms: float,
+        per_token: float = 0.1,
+        extra: Callable[[int], float] | None = None,
+    ) -> None:
         super().__init__(options, clock=self._now)
         self.head_ms = head_ms
         self.per_token = per_token
+        #: instead of per_token: ms for each token a forward feeds past its first, a function of the target forwards
+        #: so far (a machine whose load changes)
+        self.extra = extra
         self._host: Host | None = None
+        self._spent = 0.0
+        self._seen = (0, 0)
 
     def start(self, host: Host) -> None:
-        self._host = host
+        self._host, self._spent, self._seen = host, 0.0, (0, 0)
         super().start(host)
 
     def _now(self) -> float:
         assert self._host is not None, "the clock runs inside a generation"
         target, head = self._host.target.stats, self._host[HEAD].stats
-        return (target.forwards + self.per_token * target.tokens_fed + self.head_ms * head.forwards) / 1000
+        forwards, fed = target.forwards - self._seen[0], target.tokens_fed - self._seen[1]
+        if self.extra is None:
+            self._spent += forwards + self.per_token * fed
+        else:
+            self._spent += forwards + self.extra(target.forwards) * (fed - forwards)  # at the price when they ran
+        self._seen = (target.forwards, target.tokens_fed)
+        return (self._spent + self.head_ms * head.forwards) / 1000
 
 
 class CostedPlugin:
@@ -68,6 +87,12 @@ class CostedPlugin:
                 eagle,
                 name="eagle-dear-verify",
                 factory=partial(CostedEagle, head_ms=HEAD_COSTS["cheap"], per_token=0.48),
+            ),
+            # busy for the first 40 target forwards (a forward over n tokens: 1 + 1.5 (n - 1) ms), then free
+            attrs.evolve(
+                eagle,
+                name="eagle-busy-then-free",
+                factory=partial(CostedEagle, head_ms=HEAD_COSTS["cheap"], extra=lambda n: 1.5 if n < 40 else 0.02),
             ),
         ]
 

@@ -129,3 +129,19 @@ def test_a_long_backlog_is_caught_up_on_its_latest_pairs(
     assert catch_ups >= 1 and rows <= 4 * catch_ups  # the prompt's pairs and the first steps' too: the latest 4
     rows, _, _ = caught_up(0)
     assert rows >= prompt_tokens - 1 + 2  # every pair: the prompt's and the two plain steps'
+
+
+def test_drafting_stops_while_verifying_is_dear_and_resumes_once_it_pays(
+    target: Path, mimic_head: Path, costed: PluginRegistry
+) -> None:
+    baseline = Generator({"target": target}, "greedy", registry=costed, threads=1)
+    eagle = Generator({"target": target, "eagle": mimic_head}, "eagle-busy-then-free", registry=costed, threads=1)
+    prompt = PROMPTS[1]
+    result = eagle.generate(prompt, max_new_tokens=160)
+    expected = baseline.generate(prompt, max_new_tokens=160).tokens
+    assert first_divergence_is_a_tie(target, baseline.tokenizer.encode(prompt), expected, result.tokens)
+    stats = result.stats.controller
+    assert stats["k_chosen"][0] >= 20  # plain steps while a forward over n tokens cost 1 + 1.5 (n - 1) ms
+    assert stats["probes"] >= 1
+    assert sum(n for k, n in stats["k_chosen"].items() if k) >= 10  # drafting again once it paid
+    assert stats["drafting_loss"] < 0
