@@ -232,7 +232,7 @@ def _train(argv: list[str]) -> int:
 
 COMMAND = CommandSpec(
     name="eagle",
-    summary="EAGLE draft heads: make training data and train one for a target, import, inspect or measure one",
+    summary="EAGLE draft heads: train one for a target, import, inspect or measure one",
     add_arguments=add_arguments,
     run=run,
 )
