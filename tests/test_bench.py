@@ -25,8 +25,8 @@ from decoctl.bench import (
     parse_contenders,
     summarise,
 )
-from decoctl.bench_contenders import Outcome
-from decoctl.bench_ideal import (
+from decoctl.bench._contenders import Outcome
+from decoctl.bench._ideal import (
     CostCalibrator,
     CostCurve,
     ForwardLedger,
@@ -348,7 +348,7 @@ def test_a_bundled_targets_own_draft_serves_its_contenders(
 ) -> None:
     pytest.importorskip("decoctl_speculative")
     from decoctl import ModelBundle, hookimpl
-    from decoctl.bench_contenders import ControllerContender
+    from decoctl.bench._contenders import ControllerContender
     from decoctl.plugins import PluginRegistry
 
     class Bundle:
@@ -403,7 +403,7 @@ def test_a_contenders_processors_option_gives_it_a_logits_chain(
 
 
 def test_decoctl_contenders_of_one_model_share_its_session_and_keep_their_own_caches(genai_model: Path) -> None:
-    from decoctl.bench_contenders import ControllerContender
+    from decoctl.bench._contenders import ControllerContender
     from decoctl.plugins import PluginRegistry
 
     specs = parse_contenders("greedy,again=greedy,sample")

@@ -1,4 +1,4 @@
-"""`decoctl bench --batch`: many sequences at once against onnxruntime-genai (decoctl.bench_batch).
+"""`decoctl bench --batch`: many sequences at once against onnxruntime-genai (decoctl.bench._batch).
 
 A tiny model whose EOS is a token its greedy outputs often reach, so that rows of a batch end at different steps (and
 decoctl refills them) while onnxruntime-genai pads them. No timing is asserted: only the report's structure and that
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from decoctl.bench_batch import equal_length_prompts, parse_batch_sizes
+from decoctl.bench._batch import equal_length_prompts, parse_batch_sizes
 from decoctl.cli import main
 from decoctl.errors import ConfigError
 from decoctl.model import load_model

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from decoctl.bench_runs import aggregate, t_interval
+from decoctl.bench._runs import aggregate, t_interval
 from decoctl.cli import main
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from decoctl import bench
-from decoctl.bench_contenders import ControllerContender
+from decoctl.bench._contenders import ControllerContender
 from decoctl.cli import main
 
 

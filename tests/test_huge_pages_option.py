@@ -10,7 +10,7 @@ from unittest import mock
 
 import pytest
 
-from decoctl.bench_runs import child_command
+from decoctl.bench._runs import child_command
 from decoctl.cli import build_parser, main
 from decoctl.generate import Generator
 from decoctl.model import huge_pages, load_model

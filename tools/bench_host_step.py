@@ -173,7 +173,7 @@ def layers(model: str, rounds: int) -> None:
     except ImportError:
         og = None
     if og is not None:
-        from decoctl.bench_contenders import OrtGenaiContender
+        from decoctl.bench._contenders import OrtGenaiContender
 
         genai = OrtGenaiContender(generator.models["target"], 1)
 

@@ -1,4 +1,4 @@
-"""The bench's transformers contenders (decoctl.bench_transformers) on a decoder-only model: the builder's Llama export
+"""The bench's transformers contenders (decoctl.bench._transformers) on a decoder-only model: the builder's Llama export
 beside the weights it came from, whose two EOS ids (one listed in generation_config.json only) both end the
 contenders' outputs as they end decoctl greedy's."""
 

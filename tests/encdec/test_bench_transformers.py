@@ -1,4 +1,4 @@
-"""transformers' generation as bench contenders (decoctl.bench_transformers) on the weights the tiny T5 and BART
+"""transformers' generation as bench contenders (decoctl.bench._transformers) on the weights the tiny T5 and BART
 exports came from: greedy, assisted decoding with the draft's weights and prompt lookup give decoctl greedy's tokens;
 what they need and lack is refused by name."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from decoctl import ConfigError, Generator
-from decoctl.bench_transformers import TransformersContender
+from decoctl.bench._transformers import TransformersContender
 from decoctl.cli import main
 
 #: the prompts the session's models were seeded for (tests/encdec/seq2seq_exports.py: no near-ties on their path)

@@ -8,10 +8,10 @@ contender's tokens are compared with the baseline's.
 Each contender also gets ``ideal_ratio``, the speedup over the baseline it would reach if the only costs were the
 model forwards it made (its measured forwards by size priced on the measured curve, plus its draft/head roles'
 measured onnxruntime seconds), and ``fraction_of_ideal = ratio_to_baseline / ideal_ratio``. The formula and where
-each number comes from: decoctl.bench_ideal and docs/BENCHMARKS.md ("How ideal_ratio is computed").
+each number comes from: decoctl.bench._ideal and docs/BENCHMARKS.md ("How ideal_ratio is computed").
 
 ``--batch 1,4,16,64`` runs a comparison of its own instead, of many sequences at once: decoctl's batched greedy and
-beam search against onnxruntime-genai's, and the cost of a fork (decoctl.bench_batch).
+beam search against onnxruntime-genai's, and the cost of a fork (decoctl.bench._batch).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 import attrs
 
 from decoctl.batch import read_prompt_records
-from decoctl.bench_batch import run_batch_bench
-from decoctl.bench_contenders import (
+from decoctl.bench._batch import run_batch_bench
+from decoctl.bench._contenders import (
     ORT_GENAI_SPECULATIVE,
     Contender,
     ControllerContender,
@@ -39,9 +39,9 @@ from decoctl.bench_contenders import (
     Outcome,
     RawOrtContender,
 )
-from decoctl.bench_ideal import CostCalibrator, CostCurve, ideal_ratio
-from decoctl.bench_runs import run_in_processes
-from decoctl.bench_transformers import TRANSFORMERS_CONTENDERS, TransformersContender
+from decoctl.bench._ideal import CostCalibrator, CostCurve, ideal_ratio
+from decoctl.bench._runs import run_in_processes
+from decoctl.bench._transformers import TRANSFORMERS_CONTENDERS, TransformersContender
 from decoctl.errors import ConfigError
 from decoctl.generate import Generator
 from decoctl.model import huge_pages as huge_pages_module
@@ -132,7 +132,7 @@ class Difference:
 @attrs.frozen(kw_only=True)
 class ContenderResult:
     """One contender's row. ``ideal_ratio``/``fraction_of_ideal`` are None without a calibrated curve;
-    ``ideal_basis`` says where its forward counts came from (decoctl.bench_ideal)."""
+    ``ideal_basis`` says where its forward counts came from (decoctl.bench._ideal)."""
 
     name: str
     tokens_per_s: float
@@ -519,7 +519,7 @@ def add_bench_parser(commands: Any) -> None:
         type=int,
         default=1,
         help="repeat the whole bench in this many fresh processes (contender order rotating) and report each "
-        "ratio's geometric mean with a 95%% confidence interval (decoctl.bench_runs)",
+        "ratio's geometric mean with a 95%% confidence interval (decoctl.bench._runs)",
     )
     bench.add_argument(
         "--calibration-pairs",
@@ -531,7 +531,7 @@ def add_bench_parser(commands: Any) -> None:
     many = bench.add_argument_group(
         "many sequences (--batch)",
         "decoctl's batched greedy and beam search against onnxruntime-genai's, and the cost of a fork "
-        "(decoctl.bench_batch); the prompts are cut to one length in tokens",
+        "(decoctl.bench._batch); the prompts are cut to one length in tokens",
     )
     many.add_argument("--batch", metavar="B,B,...", help="batch sizes to compare, e.g. 1,4,16,64")
     many.add_argument(
@@ -632,7 +632,7 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
             f"--threads {args.threads}: give 1 or more intra-op threads, or leave it out for the default "
             f"({default_threads()}, one per two cores)"
         )
-    if args.batch is not None:  # many sequences at once: a comparison of its own (decoctl.bench_batch)
+    if args.batch is not None:  # many sequences at once: a comparison of its own (decoctl.bench._batch)
         prompts = load_prompts(args.prompts)
         _prepare_output("--json", args.json)
         return run_batch_bench(args, registry, prompts, resident=resident_mb)

@@ -1,10 +1,10 @@
 """The contenders `decoctl bench` runs: decoctl controllers, a raw onnxruntime loop, onnxruntime-genai's greedy
 loop and its two speculative decoders (n-gram lookup and a draft model), and for ``--batch`` onnxruntime-genai's
-batched greedy loop and its beam search (decoctl.bench_batch).
+batched greedy loop and its beam search (decoctl.bench._batch).
 
 Every contender has the same shape: ``run(prompt, prompt_ids, max_new_tokens) -> Outcome`` with the new tokens,
 the decode seconds (after the prompt is in the cache), the target forwards it used and its ForwardLedger (what
-it fed the models, for the ideal speedup; see decoctl.bench_ideal).
+it fed the models, for the ideal speedup; see decoctl.bench._ideal).
 
 onnxruntime-genai (0.18 checked) exposes both speculative decoders from Python through
 ``GeneratorParams.set_speculative_options`` (``max_draft_tokens``, ``ngram_size``, ``ngram_chained_lookup``,
@@ -30,7 +30,7 @@ import attrs
 import numpy as np
 import onnxruntime as ort
 
-from decoctl.bench_ideal import ForwardLedger, ledger_from_stats, spread
+from decoctl.bench._ideal import ForwardLedger, ledger_from_stats, spread
 from decoctl.errors import ConfigError
 from decoctl.generate import Generator
 from decoctl.model.graph import plain_twin
@@ -404,7 +404,7 @@ _REPORTED_STATS = (
 
 @attrs.frozen(kw_only=True)
 class BatchRun:
-    """One run of a many-sequences contender (decoctl.bench_batch): each prompt's new tokens (ending with the EOS
+    """One run of a many-sequences contender (decoctl.bench._batch): each prompt's new tokens (ending with the EOS
     that ended it, as decoctl's do) and the seconds of the whole run, prompts' prefills included."""
 
     outputs: tuple[tuple[int, ...], ...]
@@ -428,7 +428,7 @@ class OrtGenaiBatchContender(OrtGenaiContender):
         if any(len(p) != length for p in prompts):
             raise ConfigError(
                 f"contender {self.name} takes a batch of prompts of one length in tokens, not "
-                f"{sorted({len(p) for p in prompts})}: cut them to the shortest (decoctl.bench_batch does)"
+                f"{sorted({len(p) for p in prompts})}: cut them to the shortest (decoctl.bench._batch does)"
             )
         outputs: list[tuple[int, ...]] = []
         started = time.perf_counter()

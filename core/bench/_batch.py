@@ -12,7 +12,7 @@ For each batch size B, every contender generates greedily from the same B x ``--
 ``ratio_to_baseline`` with decoctl's greedy at the same B. onnxruntime-genai's outputs are compared with decoctl's,
 prompt by prompt. The prompts (the bench's own or ``--prompts``) are cut to the length in tokens of the shortest, since
 onnxruntime-genai takes a batch as one array and its left padding changes what a prompt generates
-(decoctl.bench_contenders.OrtGenaiBatchContender); one that does not encode back to the same tokens after the cut is
+(decoctl.bench._contenders.OrtGenaiBatchContender); one that does not encode back to the same tokens after the cut is
 left out. Prompt i of a run is prompt i modulo their number.
 
 Then beam search, one prompt at a time: ``beam`` (decoctl's, ``num_beams=--beams``) against ``ort-genai-beam``
@@ -39,7 +39,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from decoctl.bench_contenders import BatchRun, OrtGenaiBatchContender, OrtGenaiBeamContender
+from decoctl.bench._contenders import BatchRun, OrtGenaiBatchContender, OrtGenaiBeamContender
 from decoctl.errors import CapabilityError, ConfigError
 from decoctl.generate import Generator
 from decoctl.logs import get_logger

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from decoctl.bench_contenders import Outcome
-from decoctl.bench_ideal import ForwardLedger
+from decoctl.bench._contenders import Outcome
+from decoctl.bench._ideal import ForwardLedger
 from decoctl.errors import ConfigError
 from decoctl.model.loader import LoadedModel
 from decoctl.specs import Option, parse_options
