@@ -158,7 +158,7 @@ def path_dependent(target: Path, prompt: str) -> list[Any]:
 GREEDY_CONTROLLERS = [
     ("speculative", {"drafter": "prompt-lookup", "k": 4, "adaptive": False}, (), False),
     ("speculative", {"drafter": "draft-model", "k": 3, "adaptive": False}, ("draft",), True),
-    ("lookahead", {"window": 3, "ngram": 3, "guesses": 2}, (), True),
+    ("lookahead", {"window": 3, "ngram": 3, "guesses": 2, "adaptive": False}, (), True),
     ("eagle", {"drafting": "chain", "k": 3, "adaptive": False}, ("eagle",), True),
     ("eagle", {"drafting": "tree", "depth": 3, "topk": 2, "nodes": 6}, ("eagle",), True),
     ("beam", {"num_beams": 1}, (), False),
@@ -213,7 +213,7 @@ SAMPLING_CONTROLLERS = [
     ("sample", {}, ()),
     ("sample", {"n": 3}, ()),
     ("speculative", {"drafter": "draft-model", "sampling": True, "k": 3, "adaptive": False}, ("draft",)),
-    ("lookahead", {"sampling": True}, ()),
+    ("lookahead", {"sampling": True, "adaptive": False}, ()),
     ("eagle", {"drafting": "chain", "sampling": True, "k": 3, "adaptive": False}, ("eagle",)),
 ]
 

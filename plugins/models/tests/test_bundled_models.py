@@ -70,11 +70,34 @@ def _parses(source: str) -> bool:
     return True
 
 
+#: drafting on every step, whatever the measured costs say: the cost rules decide from the machine's timings, so
+#: whether they draft at all is a benchmark's question (docs/BENCHMARKS.md), not a test's
+ALWAYS_DRAFT: dict[str, dict[str, Any]] = {
+    "speculative, draft model": {"adaptive": False, "k": 4},
+    "speculative, prompt lookup": {"adaptive": False, "k": 4},
+    "lookahead": {"adaptive": False},
+    "eagle, tree": {},
+    "eagle, chain (the default)": {"adaptive": False, "k": 2},
+    "eagle, chain k=4, unsure stops": {},
+}
+
+
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_each_strategy_gives_greedys_tokens_on_the_bundled_models(strategy: str) -> None:
     controller, options = STRATEGIES[strategy]
     baseline = Generator({"target": "pycode"}, "greedy", threads=1)
     fast = Generator({"target": "pycode"}, controller, options=options, threads=1)
+
+    assert_greedys_tokens(baseline, fast, PROMPTS, max_new_tokens=64)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_the_real_draft_is_accepted_on_the_bundled_models(strategy: str) -> None:
+    controller, options = STRATEGIES[strategy]
+    baseline = Generator({"target": "pycode"}, "greedy", threads=1)
+    fast = Generator({"target": "pycode"}, controller, options={**options, **ALWAYS_DRAFT[strategy]}, threads=1)
+
     results = assert_greedys_tokens(baseline, fast, PROMPTS, max_new_tokens=64)
-    # the real draft is accepted, not just tolerated (over the prompts: the cost rule may not draft on one of them)
+
+    # accepted, not just tolerated: fewer target forwards than tokens over the prompts
     assert sum(r.stats.forwards["target"] for r in results) < sum(len(r.tokens) for r in results)
