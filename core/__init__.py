@@ -8,10 +8,11 @@ plugin's hook module loads nothing above it, and ``import decoctl`` alone loads 
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+from decoctl._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from decoctl.controllers import Controller, Greedy, Sample, sample_from_logits
@@ -113,17 +114,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'decoctl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next lookup is an ordinary one
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 class _Package(types.ModuleType):

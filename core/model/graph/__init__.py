@@ -12,8 +12,9 @@ The names load on first use (PEP 562), as decoctl.model's do.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from decoctl._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from decoctl.model.graph._plain_twin import cache_dir, plain_twin
@@ -42,14 +43,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'decoctl.model.graph' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next lookup is an ordinary one
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
