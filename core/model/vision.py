@@ -25,14 +25,11 @@ from decoctl.model.graph import _protowire as pw
 
 __all__ = ["ImageFeatures", "ImagePreprocessor", "TokenEmbedder", "VisionParts", "read_embedding_table"]
 
-# GraphProto.node / initializer; NodeProto.input / op_type; TensorProto.dims / data_type / float_data / name /
-# raw_data / external_data / data_location; StringStringEntryProto.key / value (field numbers from onnx.proto)
+# ModelProto.graph; GraphProto.node / initializer; NodeProto.input / op_type; TensorProto's float types (field
+# numbers and enum values from onnx.proto)
 _MODEL_GRAPH = 7
 _GRAPH_NODE, _GRAPH_INITIALIZER = 1, 5
 _NODE_INPUT, _NODE_OP_TYPE = 1, 4
-_TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_FLOAT_DATA, _TENSOR_NAME, _TENSOR_RAW_DATA = 1, 2, 4, 8, 9
-_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 13, 14
-_ENTRY_KEY, _ENTRY_VALUE = 1, 2
 _FLOAT, _FLOAT16 = 1, 10
 
 #: the Pillow resampling filters preprocessor_config.json's ``resample`` numbers name
@@ -163,38 +160,23 @@ def read_embedding_table(path: Path, input_ids: str) -> np.ndarray | None:
 
 
 def _tensor(payload: bytes, folder: Path) -> tuple[str, np.ndarray] | None:
-    dims: list[int] = []
-    name, data_type, data, floats = "", 0, None, []
-    external: dict[str, str] = {}
-    for field in pw.fields(payload):
-        if field.number == _TENSOR_DIMS:
-            dims.extend(pw.packed_varints(field))
-        elif field.number == _TENSOR_DATA_TYPE:
-            data_type = field.number_value
-        elif field.number == _TENSOR_NAME:
-            name = field.text
-        elif field.number == _TENSOR_RAW_DATA:
-            data = field.payload
-        elif field.number == _TENSOR_FLOAT_DATA:
-            floats.append(np.frombuffer(field.payload, "<f4"))
-        elif field.number == _TENSOR_EXTERNAL_DATA:
-            entry = {p.number: p.text for p in pw.fields(field.payload)}
-            external[entry.get(_ENTRY_KEY, "")] = entry.get(_ENTRY_VALUE, "")
-    if data_type not in (_FLOAT, _FLOAT16):
+    read = pw.tensor(payload)
+    if read.data_type not in (_FLOAT, _FLOAT16):
         return None
-    dtype = np.dtype("<f4") if data_type == _FLOAT else np.dtype("<f2")
-    if external:
-        offset, length = int(external.get("offset", 0)), int(external.get("length", 0))
-        with open(folder / external["location"], "rb") as source:
+    dtype = np.dtype("<f4") if read.data_type == _FLOAT else np.dtype("<f2")
+    data = read.raw
+    if read.external:
+        offset, length = int(read.external.get("offset", 0)), int(read.external.get("length", 0))
+        with open(folder / read.external["location"], "rb") as source:
             source.seek(offset)
-            data = source.read(length or int(np.prod(dims)) * dtype.itemsize)
+            data = source.read(length or int(np.prod(read.dims)) * dtype.itemsize)
     if data is not None:
         array = np.frombuffer(data, dtype)
-    elif floats:
-        array = np.concatenate(floats)
+    elif read.floats:
+        array = np.frombuffer(read.floats, "<f4")
     else:
         return None
-    return name, array.astype(np.float32).reshape(dims)
+    return read.name, array.astype(np.float32).reshape(read.dims)
 
 
 class TokenEmbedder:

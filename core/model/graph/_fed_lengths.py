@@ -245,24 +245,15 @@ def _constants(nodes: Sequence[_Node], graph_fields: Sequence[pw.Field]) -> dict
 
 
 def _int64_tensor(payload: bytes) -> tuple[str, _Constant | None]:
-    dims: list[int] = []
-    name, data_type, values = "", 0, None
-    for field in pw.fields(payload):
-        if field.number == _TENSOR_DIMS:
-            dims.extend(pw.packed_varints(field))
-        elif field.number == _TENSOR_DATA_TYPE:
-            data_type = field.number_value
-        elif field.number == _TENSOR_NAME:
-            name = field.text
-        elif field.number == _TENSOR_RAW_DATA and len(field.payload) % 8 == 0:
-            values = list(struct.unpack(f"<{len(field.payload) // 8}q", field.payload))
-        elif field.number == _TENSOR_INT64_DATA:
-            values = (values or []) + [_signed(v) for v in pw.packed_varints(field)]
-    if data_type != _INT64 or values is None or len(dims) > 1 or len(values) > 8:
-        return name, None
-    if not dims:
-        return name, (((), values[0]) if len(values) == 1 else None)
-    return name, (values if dims[0] == len(values) else None)
+    read = pw.tensor(payload)
+    values: list[int] | None = list(read.int64s) or None
+    if read.raw is not None and len(read.raw) % 8 == 0:
+        values = list(struct.unpack(f"<{len(read.raw) // 8}q", read.raw))
+    if read.data_type != _INT64 or values is None or len(read.dims) > 1 or len(values) > 8:
+        return read.name, None
+    if not read.dims:
+        return read.name, (((), values[0]) if len(values) == 1 else None)
+    return read.name, (values if read.dims[0] == len(values) else None)
 
 
 def _signed(value: int) -> int:

@@ -18,9 +18,11 @@ __all__ = [
     "LENGTH_DELIMITED",
     "VARINT",
     "Field",
+    "Tensor",
     "fields",
     "length_delimited",
     "packed_varints",
+    "tensor",
     "varint",
     "varint_field",
 ]
@@ -124,3 +126,57 @@ def _read_varint(view: memoryview, at: int) -> tuple[int, int]:
         shift += 7
         if not byte & 0x80:
             return value, at
+
+
+# TensorProto.dims / data_type / float_data / int64_data / name / raw_data / external_data; StringStringEntryProto
+# key / value (field numbers from onnx.proto)
+_TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_FLOAT_DATA, _TENSOR_INT64_DATA = 1, 2, 4, 7
+_TENSOR_NAME, _TENSOR_RAW_DATA, _TENSOR_EXTERNAL_DATA = 8, 9, 13
+_ENTRY_KEY, _ENTRY_VALUE = 1, 2
+
+
+@attrs.frozen(kw_only=True)
+class Tensor:
+    """A TensorProto's fields as encoded: ``raw`` (raw_data), ``int64s`` / ``floats`` (the typed fields, packed
+    or not), ``external`` (external_data's key -> value: location, offset, length)."""
+
+    name: str
+    dims: tuple[int, ...]
+    data_type: int
+    raw: bytes | None
+    int64s: tuple[int, ...]
+    floats: bytes
+    external: dict[str, str]
+
+
+def tensor(payload: bytes) -> Tensor:
+    """Read a TensorProto message."""
+    dims: list[int] = []
+    name, data_type, raw, floats = "", 0, None, b""
+    int64s: list[int] = []
+    external: dict[str, str] = {}
+    for field in fields(payload):
+        if field.number == _TENSOR_DIMS:
+            dims.extend(packed_varints(field))
+        elif field.number == _TENSOR_DATA_TYPE:
+            data_type = field.number_value
+        elif field.number == _TENSOR_NAME:
+            name = field.text
+        elif field.number == _TENSOR_RAW_DATA:
+            raw = field.payload
+        elif field.number == _TENSOR_INT64_DATA:
+            int64s.extend(v - (1 << 64) if v >= 1 << 63 else v for v in packed_varints(field))
+        elif field.number == _TENSOR_FLOAT_DATA:
+            floats += field.payload  # packed, or one fixed32 value
+        elif field.number == _TENSOR_EXTERNAL_DATA:
+            entry = {part.number: part.text for part in fields(field.payload)}
+            external[entry.get(_ENTRY_KEY, "")] = entry.get(_ENTRY_VALUE, "")
+    return Tensor(
+        name=name,
+        dims=tuple(dims),
+        data_type=data_type,
+        raw=raw,
+        int64s=tuple(int64s),
+        floats=floats,
+        external=external,
+    )
