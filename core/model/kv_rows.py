@@ -113,20 +113,18 @@ class SharedKVRows:
         for row, (length, state) in enumerate(zip(lengths, states, strict=True)):
             self.caches[row].length = length
             rings = self.caches[row].rings
-            if rings is not None:
-                for group, values in zip(rings.groups, state, strict=True):
-                    group.spill_lo, group.spill_hi, group.rows_from = values
+            if rings is not None and state is not None:
+                rings.restore(state)
 
     @staticmethod
-    def _state(cache: SharedKVCache) -> list[tuple[int, int, int]]:
-        rings = cache.rings
-        return [] if rings is None else [(g.spill_lo, g.spill_hi, g.rows_from) for g in rings.groups]
+    def _state(cache: SharedKVCache) -> list[tuple[int, int, int]] | None:
+        return None if cache.rings is None else cache.rings.state()
 
     @staticmethod
     def _copy_state(source: SharedKVCache, destination: SharedKVCache) -> None:
         destination.length = source.length
         if source.rings is not None and destination.rings is not None:
-            destination.rings.copy_state(source.rings)
+            destination.rings.restore(source.rings.state())
 
     def before_step(self, rows: int) -> None:
         """A batched step is about to feed one token to each of rows 0..rows-1: fill their rings' spills."""

@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import attrs
-import numpy as np
 import onnxruntime as ort
 
 from decoctl.errors import ConfigError, ModelLoadError
@@ -275,10 +274,6 @@ def _external_data_extents(model: bytes) -> dict[str, int]:
     return ends
 
 
-#: token ids the embedding table read from the embedding graph is checked on against the graph itself
-_TABLE_PROBES = 16
-
-
 #: the composite shapes decoctl runs: a vision-language model, and a split prefill/decode export
 _VISION_LANGUAGE = {"vision", "embedding", "decoder"}
 _SPLIT = {"prefill", "decoder"}
@@ -352,8 +347,7 @@ def _vision_parts(
     embedder = TokenEmbedder(
         embedding, table, image_token=spec.image_token_id, ids=ids_input, features=feature_input, output=embeds_output
     )
-    if table is not None and not _table_agrees(embedder, spec.image_token_id):
-        embedder.table = None  # the graph does more than look its tokens up (a scale, a norm): it runs every forward
+    embedder.check_table()
     log.debug("decoctl.vision_loaded", model=str(spec.path), table=embedder.table is not None)
     return VisionParts(
         vision=sessions["vision"],
@@ -363,21 +357,6 @@ def _vision_parts(
         preprocessor=ImagePreprocessor.from_folder(spec.path),
         image_token=spec.image_token_id,
     )
-
-
-def _table_agrees(embedder: TokenEmbedder, image_token: int) -> bool:
-    """Whether the table read from the embedding graph gives that graph's own output for text tokens."""
-    assert embedder.table is not None
-    vocab = len(embedder.table)
-    probes = np.unique(np.linspace(0, vocab - 1, _TABLE_PROBES).astype(np.int64))
-    probes = probes[probes != image_token][None, :]
-    table, embedder.table = embedder.table, None
-    try:
-        expected = embedder.embed(probes, None)
-    finally:
-        embedder.table = table
-        embedder.graph_runs = 0
-    return bool(np.allclose(table[probes], expected, atol=1e-6))
 
 
 def _graph_bytes(spec: ModelSpec) -> bytes | None:

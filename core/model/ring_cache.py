@@ -21,8 +21,6 @@ positions and puts the model's own window into the bias (decoctl.model.graph._wi
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 import numpy as np
 
@@ -181,9 +179,6 @@ class RingGroup:
             "(decoctl.model.load_model)"
         )
 
-    def copy_state(self, other: RingGroup) -> None:
-        self.spill_lo, self.spill_hi, self.rows_from = other.spill_lo, other.spill_hi, other.rows_from
-
 
 class RingLayers:
     """Every ring group of one sequence: what a SharedKVCache delegates its ring layers' bookkeeping to."""
@@ -191,7 +186,6 @@ class RingLayers:
     def __init__(self, groups: list[RingGroup]) -> None:
         self.groups = groups
         self.tree_limit = min((g.kernel_window - g.window + 1 for g in groups), default=0)
-        self.slack = min(g.slack for g in groups)
 
     def before_run(self, length: int, n: int) -> None:
         for group in self.groups:
@@ -217,21 +211,14 @@ class RingLayers:
         for group in self.groups:
             group.relayout(old, new, sources, start)
 
-    def copy_state(self, other: RingLayers) -> None:
-        for mine, theirs in zip(self.groups, other.groups, strict=True):
-            mine.copy_state(theirs)
+    def state(self) -> list[tuple[int, int, int]]:
+        """Each group's bookkeeping (spill range, first valid row's position): what a copy of the rows needs too."""
+        return [(g.spill_lo, g.spill_hi, g.rows_from) for g in self.groups]
 
-    def describe(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "layers": [r.layer for r in g.layers],
-                "window": g.window,
-                "kernel_window": g.kernel_window,
-                "capacity": g.capacity,
-                "spill": g.slack,
-            }
-            for g in self.groups
-        ]
+    def restore(self, state: list[tuple[int, int, int]]) -> None:
+        """Take the bookkeeping ``state()`` gave (of this sequence or another of the same model)."""
+        for group, (spill_lo, spill_hi, rows_from) in zip(self.groups, state, strict=True):
+            group.spill_lo, group.spill_hi, group.rows_from = spill_lo, spill_hi, rows_from
 
 
 def ring_groups(

@@ -205,9 +205,22 @@ class TokenEmbedder:
         the image tokens among them, in order (None or m = 0: no image goes in)."""
         if (features is None or not len(features)) and self.table is not None:
             return self.table[tokens]
+        self.graph_runs += 1
+        return self._graph(tokens, features)
+
+    def check_table(self, probes: int = 16) -> None:
+        """Keep the table only where it gives the graph's own output for text tokens (``probes`` of them, spread
+        over the vocabulary); a graph that does more than look its tokens up (a scale, a norm) runs every forward."""
+        if self.table is None:
+            return
+        ids = np.unique(np.linspace(0, len(self.table) - 1, probes).astype(np.int64))
+        ids = ids[ids != self.image_token][None, :]
+        if not np.allclose(self.table[ids], self._graph(ids, None), atol=1e-6):
+            self.table = None
+
+    def _graph(self, tokens: np.ndarray, features: np.ndarray | None) -> np.ndarray:
         ids, feature_name, output = self._names
         rows = features if features is not None else np.zeros((0, self.hidden), np.float32)
-        self.graph_runs += 1
         return self._session.run([output], {ids: tokens, feature_name: rows})[0].astype(np.float32, copy=False)
 
 

@@ -25,6 +25,8 @@ graph's bytes), so the onnx package is not needed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import attrs
 
 from decoctl.model.graph import _protowire as pw
@@ -111,33 +113,29 @@ class _Node:
         return self.inputs[slot] if len(self.inputs) > slot else ""
 
 
-def has_window(model: bytes) -> bool:
-    """Whether any GroupQueryAttention node of the graph has a sliding window."""
-    graphs = [f for f in pw.fields(model) if f.number == _MODEL_GRAPH]
-    for graph in graphs:
+def _gqa_nodes(model: bytes) -> Iterator[_Node]:
+    """Every com.microsoft GroupQueryAttention node of the model's graph."""
+    for graph in (f for f in pw.fields(model) if f.number == _MODEL_GRAPH):
         for field in pw.fields(graph.payload):
             if field.number == _GRAPH_NODE:
                 node = _Node.parse(field)
-                if node.op_type == _GQA and (node.window or 0) > 0:
-                    return True
-    return False
+                if node.op_type == _GQA and node.domain == _MS_DOMAIN:
+                    yield node
+
+
+def has_window(model: bytes) -> bool:
+    """Whether any GroupQueryAttention node of the graph has a sliding window."""
+    return any((node.window or 0) > 0 for node in _gqa_nodes(model))
 
 
 def ring_windows(model: bytes) -> dict[str, int]:
     """The window of every GroupQueryAttention node that keeps a ring cache (``sliding_window_cache=1``), keyed by
     its past-key input."""
-    graphs = [f for f in pw.fields(model) if f.number == _MODEL_GRAPH]
-    if len(graphs) != 1:
-        return {}
-    found: dict[str, int] = {}
-    for field in pw.fields(graphs[0].payload):
-        if field.number != _GRAPH_NODE:
-            continue
-        node = _Node.parse(field)
-        if node.op_type == _GQA and node.domain == _MS_DOMAIN and node.ring and (node.window or 0) > 0:
-            assert node.window is not None
-            found[node.input(_GQA_PAST_KEY)] = node.window
-    return found
+    return {
+        node.input(_GQA_PAST_KEY): node.window
+        for node in _gqa_nodes(model)
+        if node.ring and node.window is not None and node.window > 0
+    }
 
 
 def rewrite(model: bytes, attention_bias: str, ring_slack: int = 0) -> Rewritten | Kept:
