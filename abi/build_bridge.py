@@ -12,7 +12,7 @@ compiled header. On top of the header the bridge declares:
   C functions answer the cheap read-only queries (length, remaining, done, max_length, logits) without entering
   Python, and the function that fills a host table with them and the callbacks;
 - a few C helpers to open a library and find its entry symbol with the platform loader's own error text;
-- ``decoctl_bridge_top2``: a row's argmax, maximum and runner-up in one pass (decoctl.native.top2).
+- ``decoctl_bridge_top2``: a row's argmax, maximum and runner-up in one pass (decoctl.processing.top2).
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ static int64_t decoctl_bridge_remaining(void *host_data) {
    The first index of the row's maximum, as numpy's argmax gives it (the first NaN when there is one), with the
    maximum in out[0] and the largest of the other entries in out[1] (-inf for a one-entry row; equal to out[0]
    when the maximum is tied). One pass over the row: greedy decoding under a logits chain asks this of every
-   unprocessed row (core/processing.py), where numpy needs three calls, each cold right after a forward. */
+   unprocessed row (decoctl.processing), where numpy needs three calls, each cold right after a forward. */
 int64_t decoctl_bridge_top2(const float *row, int64_t n, float *out) {
     int64_t best = 0;
     float top = row[0], second = -INFINITY;

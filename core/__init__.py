@@ -8,9 +8,7 @@ plugin's hook module loads nothing above it, and ``import decoctl`` alone loads 
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from decoctl._lazy import lazy_exports
 
@@ -28,16 +26,14 @@ if TYPE_CHECKING:
         PluginError,
         SequenceError,
     )
-    from decoctl.generate import GenerationResult, GenerationStats, Generator, generate, stream
+    from decoctl.generation import GenerationResult, GenerationStats, Generator, generate, stream
     from decoctl.host import Host, Sequence
     from decoctl.importers.registry import RegisteredModel, models_dir, register_role_default
     from decoctl.model.graph import tap_layers
     from decoctl.model.loader import load_model
-    from decoctl.plugins import PluginRegistry, hookimpl
-    from decoctl.processing import LogitsProcessor, ProcessContext, ProcessorChain, bound_through
-    from decoctl.resolve import resolve_model
+    from decoctl.plugins import PluginRegistry, hookimpl, resolve_model
+    from decoctl.processing import LogitsProcessor, ProcessContext, ProcessorChain, bound_through, from_transformers
     from decoctl.specs import CommandSpec, ControllerSpec, ModelBundle, Option, ProcessorSpec
-    from decoctl.transformers_processor import from_transformers
 
 __version__ = "0.1.0"
 
@@ -59,16 +55,16 @@ _EXPORTS = {
         ),
         "decoctl.errors",
     ),
-    **dict.fromkeys(("GenerationResult", "GenerationStats", "Generator", "generate", "stream"), "decoctl.generate"),
+    **dict.fromkeys(("GenerationResult", "GenerationStats", "Generator", "generate", "stream"), "decoctl.generation"),
     **dict.fromkeys(("Host", "Sequence"), "decoctl.host"),
     **dict.fromkeys(("RegisteredModel", "models_dir", "register_role_default"), "decoctl.importers.registry"),
     "load_model": "decoctl.model.loader",
     "tap_layers": "decoctl.model.graph",
     **dict.fromkeys(("PluginRegistry", "hookimpl"), "decoctl.plugins"),
     **dict.fromkeys(("LogitsProcessor", "ProcessContext", "ProcessorChain", "bound_through"), "decoctl.processing"),
-    "resolve_model": "decoctl.resolve",
+    "resolve_model": "decoctl.plugins",
     **dict.fromkeys(("CommandSpec", "ControllerSpec", "ModelBundle", "Option", "ProcessorSpec"), "decoctl.specs"),
-    "from_transformers": "decoctl.transformers_processor",
+    "from_transformers": "decoctl.processing",
 }
 
 __all__ = [
@@ -115,20 +111,3 @@ __all__ = [
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
-
-
-class _Package(types.ModuleType):
-    """decoctl's module type: an exported name stays the export when a submodule of that name loads.
-
-    The import system binds a submodule to its package's attribute once it has run it; ``decoctl.generate`` is the
-    one-shot function, not the module (which stays in ``sys.modules["decoctl.generate"]``), however the module
-    was first imported.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _EXPORTS and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -15,16 +15,15 @@ from typing import Any, TextIO
 
 import attrs
 
-from decoctl.batch import BatchPrompt, read_prompts, result_record
+from decoctl._runfile import RunFile
 from decoctl.bench import HUGE_PAGES_HELP, add_bench_parser, run_bench
 from decoctl.errors import ConfigError, DecoctlError, GenerationError, PluginError
-from decoctl.generate import GenerationResult, GenerationStats, Generator
+from decoctl.generation import BatchPrompt, GenerationResult, GenerationStats, Generator, read_prompts, result_record
 from decoctl.importers import IMPORTERS, import_model
 from decoctl.importers.registry import load_registry
 from decoctl.logs import LOGGER
 from decoctl.model.tokenizer import require_utf8
 from decoctl.plugins import BUILTIN_PLUGIN, PluginRegistry
-from decoctl.runfile import RunFile
 from decoctl.serve.bench import run_bench_serve
 from decoctl.serve.command import add_serve_parsers, run_chat, run_serve
 from decoctl.specs import CommandSpec
@@ -331,7 +330,7 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
         from decoctl.model.kv_cache import describe_layers
         from decoctl.model.loader import load_model
         from decoctl.model.runner import dry_forward
-        from decoctl.resolve import resolve_model
+        from decoctl.plugins import resolve_model
 
         name, path = resolve_model(args.model, registry)
         model = load_model(path, name=name, threads=1)
@@ -353,7 +352,7 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
         return 0
     if args.models_command == "enable-tree":
         from decoctl.model.graph import enable_tree
-        from decoctl.resolve import resolve_model
+        from decoctl.plugins import resolve_model
 
         _, source = resolve_model(args.src, registry)
         try:
@@ -385,7 +384,7 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
 
 def _run_enable_taps(args: argparse.Namespace, registry: PluginRegistry) -> int:
     from decoctl.model.graph import enable_taps
-    from decoctl.resolve import resolve_model
+    from decoctl.plugins import resolve_model
 
     _, source = resolve_model(args.src, registry)
     try:

@@ -160,9 +160,9 @@ class ControllerSpec:
     Capabilities.names()); ``capabilities_for(options) -> Mapping`` replaces them when the options decide (tree
     drafting needs tree inputs, chain drafting does not). ``check_options(options)`` raises ConfigError for
     combinations of option values the schema cannot express; it runs when a Generator is built, before any
-    model loads. ``rows_for(options) -> int``: how many rows (decoctl.rows) each role holds, for controllers that
+    model loads. ``rows_for(options) -> int``: how many rows (decoctl.host.Rows) each role holds, for controllers that
     keep several sequences (beam search, parallel sampling). ``batched``: the controller can run batched prompts
-    (decoctl.batch: several prompts' rows stepped in one Run, refilled as prompts finish): it is a
+    (decoctl.generation: several prompts' rows stepped in one Run, refilled as prompts finish): it is a
     decoctl.controllers.RowController, whose ``next_token(host)`` picks each prompt's next token from its row's
     logits while the batch commits and feeds it. A controller that is not batched (or holds several rows per
     prompt for these options, or a generation whose chain keeps state per sequence) runs the prompts of a batch
@@ -181,9 +181,9 @@ class ControllerSpec:
     capabilities: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     capabilities_for: Callable[[dict[str, Any]], Mapping[str, tuple[str, ...]]] | None = None
     check_options: Callable[[dict[str, Any]], None] | None = None
-    #: rows each role holds (beams, parallel samples; decoctl.rows), for these options; None: one
+    #: rows each role holds (beams, parallel samples; decoctl.host.Rows), for these options; None: one
     rows_for: Callable[[dict[str, Any]], int] | None = None
-    #: the controller steps one row per prompt for batched prompts (a RowController; decoctl.batch)
+    #: the controller steps one row per prompt for batched prompts (a RowController; decoctl.generation)
     batched: bool = False
     #: False: the controller ranks continuations instead of drawing them (beam search), so a logits chain holding a
     #: sample-only processor (temperature, top_k, top_p, ...: LogitsProcessor's ``sample_only``) is refused

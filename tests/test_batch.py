@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from decoctl import ConfigError, ControllerSpec, Generator, Host
-from decoctl.batch import BatchPrompt, read_prompts
+from decoctl.generation import BatchPrompt, read_prompts
 from decoctl.model.batch_step import BatchStep
 from decoctl.plugins import PluginRegistry, hookimpl
 

@@ -389,7 +389,7 @@ def test_a_contenders_processors_option_gives_it_a_logits_chain(
     genai_model: Path, prompts: Path, tmp_path: Path
 ) -> None:
     pytest.importorskip("decoctl_logits_chain")
-    from decoctl.generate import Generator
+    from decoctl.generation import Generator
 
     first = Generator({"target": str(genai_model)}, "greedy", threads=1).generate(REPEAT_PROMPT, max_new_tokens=1)
     banned = first.tokens[0]
@@ -418,7 +418,7 @@ def test_decoctl_contenders_of_one_model_share_its_session_and_keep_their_own_ca
 
 def test_onnxruntime_genai_outputs_that_stop_on_eos_end_with_it_as_decoctls_do(tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime_genai")
-    from decoctl.generate import Generator
+    from decoctl.generation import Generator
 
     probe = build_genai_model(tmp_path / "probe", seed=5)
     third = Generator({"target": str(probe)}, "greedy", threads=1).generate(REPEAT_PROMPT, max_new_tokens=3).tokens[2]

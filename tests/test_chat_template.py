@@ -1,4 +1,4 @@
-"""Chat templates render and tokenize as transformers' apply_chat_template does (decoctl.chat_template).
+"""Chat templates render and tokenize as transformers' apply_chat_template does (decoctl.generation).
 
 Five public template families are written here as data, each in a tokenizer folder built from the test tokenizer
 with that family's special tokens (and, where the family's real tokenizer adds BOS itself, a post-processor that
@@ -14,7 +14,7 @@ import pytest
 from tokenizers import Tokenizer, processors
 
 from decoctl import ConfigError, Generator
-from decoctl.chat_template import ChatPrompt, ChatTemplate
+from decoctl.generation import ChatPrompt, ChatTemplate
 from decoctl.testing import build_genai_model
 from decoctl.testing.tokenizer import build_tokenizer
 

@@ -12,7 +12,7 @@ import pytest
 
 from decoctl.bench._runs import child_command
 from decoctl.cli import build_parser, main
-from decoctl.generate import Generator
+from decoctl.generation import Generator
 from decoctl.model import huge_pages, load_model
 from decoctl.plugins import PluginRegistry
 

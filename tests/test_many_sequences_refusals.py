@@ -22,12 +22,11 @@ from decoctl import (
     hookimpl,
 )
 from decoctl.cli import main
-from decoctl.host import Host
+from decoctl.host import Host, Rows
 from decoctl.model import load_model
 from decoctl.model.kv_rows import SharedKVRows
 from decoctl.model.loader import LoadedModel
 from decoctl.plugins import PluginRegistry
-from decoctl.rows import Rows
 
 PROMPTS = ["def f(x):", "import os", "class A:", "x = 1"]
 

@@ -1,4 +1,4 @@
-"""decoctl.native.top2 (the bridge's one-pass argmax and runner-up) gives numpy's answers, and gives them without
+"""decoctl.processing.top2 (the bridge's one-pass argmax and runner-up) gives numpy's answers, and gives them without
 the compiled bridge too (its numpy twin), so the logits chain never needs the bridge."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from decoctl import ProcessContext, ProcessorChain, native
-from decoctl.native import top2
+from decoctl import ProcessContext, ProcessorChain
+from decoctl.processing import _native as native
+from decoctl.processing import top2
 
 
 def _numpy(row: np.ndarray) -> tuple[int, float, float]:
@@ -50,7 +51,7 @@ def test_top2_refuses_what_it_cannot_read() -> None:
 
 @pytest.fixture
 def without_bridge(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """decoctl.native as it loads where decoctl._abi was never built (importing the bridge raises ImportError)."""
+    """decoctl.processing as it loads where decoctl._abi was never built (importing the bridge raises ImportError)."""
     monkeypatch.setitem(sys.modules, "decoctl._abi", None)
     yield importlib.reload(native)
     monkeypatch.undo()

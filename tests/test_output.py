@@ -7,8 +7,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from decoctl.host import Output, StopRules
 from decoctl.model.tokenizer import Tokenizer
-from decoctl.output import Output, StopRules
 from decoctl.testing import build_tokenizer
 
 _TOKENIZER: Tokenizer | None = None

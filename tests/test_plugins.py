@@ -237,7 +237,7 @@ def test_a_contributing_hook_that_returns_one_record_instead_of_a_list_is_an_err
 
 def test_the_builtins_come_through_decoctls_own_entry_point() -> None:
     builtin = [ep for ep in importlib.metadata.entry_points(group="decoctl") if ep.name == "decoctl"]
-    assert [ep.value for ep in builtin] == ["decoctl.builtin_plugin"]
+    assert [ep.value for ep in builtin] == ["decoctl.plugins._builtin"]
     registry = PluginRegistry()
     assert registry.manager.list_plugin_distinfo(), "no plugin came through an entry point"
     assert registry.distribution_of("decoctl") == "decoctl"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from decoctl import ConfigError
+from decoctl._runfile import RunFile
 from decoctl.cli import main
-from decoctl.runfile import RunFile
 
 
 def write(tmp_path: Path, text: str, name: str = "run.toml") -> Path:

@@ -17,9 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from decoctl import ControllerError, Generator, ProcessContext, ProcessorChain, SequenceError
-from decoctl.host import Host, Sequence
+from decoctl.host import Host, Output, Sequence, StopRules
 from decoctl.model import load_model
-from decoctl.output import Output, StopRules
 from decoctl.testing import build_genai_model
 from decoctl.testing.distributions import chi_square_p
 from decoctl.verify import (

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from decoctl.generate import Generator
+from decoctl.generation import Generator
 from decoctl.host import Sequence
 from decoctl.model import load_model
 from decoctl.model.runner import binding_calls

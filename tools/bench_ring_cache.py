@@ -19,8 +19,7 @@ import decoctl
 from decoctl.model import load_model
 from decoctl.model.runner import Runner
 from decoctl.model.tokenizer import Tokenizer
-from decoctl.plugins import PluginRegistry
-from decoctl.resolve import resolve_model
+from decoctl.plugins import PluginRegistry, resolve_model
 
 
 def long_prompt(tokenizer: Tokenizer, tokens: int) -> str:

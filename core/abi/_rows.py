@@ -5,7 +5,7 @@ output_done, score, rank_outputs, process_outputs.
 They follow decoctl.abi._host's rules: the instance whose create/step/reset runs on this thread answers, a Python
 exception becomes a negative status (kept and raised again when the C call returns), arrays cross zero-copy and
 stay alive for C as long as the header says. Row 0 of a role is the role's own Sequence, so the per-row functions
-with row 0 are the 1.0 ones; other rows come from ``host.rows(name)`` (decoctl.rows).
+with row 0 are the 1.0 ones; other rows come from ``host.rows(name)`` (decoctl.host.Rows).
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from decoctl.abi._library import ffi, lib
 from decoctl.errors import ConfigError, SequenceError
 
 if TYPE_CHECKING:
-    from decoctl.host import Sequence
-    from decoctl.rows import Rows
+    from decoctl.host import Rows, Sequence
 
 __all__ = ["install"]
 

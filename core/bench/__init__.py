@@ -28,7 +28,6 @@ from typing import Any
 
 import attrs
 
-from decoctl.batch import read_prompt_records
 from decoctl.bench._batch import run_batch_bench
 from decoctl.bench._contenders import (
     ORT_GENAI_SPECULATIVE,
@@ -43,11 +42,10 @@ from decoctl.bench._ideal import CostCalibrator, CostCurve, ideal_ratio
 from decoctl.bench._runs import run_in_processes
 from decoctl.bench._transformers import TRANSFORMERS_CONTENDERS, TransformersContender
 from decoctl.errors import ConfigError
-from decoctl.generate import Generator
+from decoctl.generation import Generator, read_prompt_records
 from decoctl.model import huge_pages as huge_pages_module
 from decoctl.model.loader import default_threads
-from decoctl.plugins import PluginRegistry
-from decoctl.resolve import resolve_model
+from decoctl.plugins import PluginRegistry, resolve_model
 from decoctl.specs import normalise_name, parse_options
 
 __all__ = [

@@ -41,14 +41,14 @@ import numpy as np
 
 from decoctl.bench._contenders import BatchRun, OrtGenaiBatchContender, OrtGenaiBeamContender
 from decoctl.errors import CapabilityError, ConfigError
-from decoctl.generate import Generator
+from decoctl.generation import Generator
+from decoctl.host import ONE_RUN_PER_ROW, Rows
 from decoctl.logs import get_logger
 from decoctl.model import huge_pages
 from decoctl.model.kv_cache import kv_dtype
 from decoctl.model.loader import LoadedModel, default_threads
 from decoctl.model.tokenizer import Tokenizer
 from decoctl.plugins import PluginRegistry
-from decoctl.rows import ONE_RUN_PER_ROW, Rows
 
 __all__ = [
     "BATCH_CONTENDERS",

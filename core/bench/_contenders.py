@@ -32,7 +32,7 @@ import onnxruntime as ort
 
 from decoctl.bench._ideal import ForwardLedger, ledger_from_stats, spread
 from decoctl.errors import ConfigError
-from decoctl.generate import Generator
+from decoctl.generation import Generator
 from decoctl.model.graph import plain_twin
 from decoctl.model.loader import LoadedModel, session_options
 from decoctl.model.spec import ModelSpec

@@ -16,7 +16,7 @@ computation without the cross-attention projections (the same logits: the with-p
 keys and values to an empty past). The encoder and the cross-attention projections run once per source
 (``encoder_runs``, ``cross_passes`` count them).
 
-Several rows of one role (decoctl.rows: beams, parallel samples, batched prompts) are runners of their own:
+Several rows of one role (decoctl.host.Rows: beams, parallel samples, batched prompts) are runners of their own:
 ``copy_from`` gives a forked row the other row's self-attention KV, and its encoder output and cross-attention KV
 where it does not hold them already (the same source: copied once, the encoder never run again).
 """

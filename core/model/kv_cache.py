@@ -293,7 +293,7 @@ class ConcatKVCache(KVCache):
 
     def copy_from(self, other: ConcatKVCache) -> None:
         """Hold a copy of ``other``'s valid positions (``other`` unchanged): a row forked from another row of a
-        concatenated-cache model, where every row keeps a cache of its own (decoctl.rows)."""
+        concatenated-cache model, where every row keeps a cache of its own (decoctl.host.Rows)."""
         if other.length > self.max_length or other.dtype != self.dtype or other._row != self._row:
             raise SequenceError(
                 f"a KV cache of {self.max_length} positions ({dtype_name(self.dtype)}, {self._row} per position) "

@@ -483,7 +483,7 @@ class Runner:
 
     def copy_from(self, other: Runner) -> None:
         """Hold a copy of ``other``'s KV cache (a runner of the same model; ``other`` unchanged): a row forked from
-        another row of a concatenated-cache model, each row a runner of its own (decoctl.rows). Shared-buffer rows
+        another row of a concatenated-cache model, each row a runner of its own (decoctl.host.Rows). Shared-buffer rows
         copy inside their batched buffer instead (decoctl.model.kv_rows)."""
         mine, theirs = self.kv, other.kv
         if not isinstance(mine, ConcatKVCache) or not isinstance(theirs, ConcatKVCache):

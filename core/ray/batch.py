@@ -1,5 +1,5 @@
 """Batch generation on Ray Data: a dataset's prompts run on a pool of actors, each holding one Generator whose rows
-are batched continuously (decoctl.batch), as ``decoctl generate --prompts FILE --batch-size B`` runs them in one
+are batched continuously (decoctl.generation), as ``decoctl generate --prompts FILE --batch-size B`` runs them in one
 process.
 
 ds = ray.data.read_json("prompts.jsonl")            # a "prompt" column; "max_new_tokens", "seed", "stop" optional
@@ -22,12 +22,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from decoctl.batch import PROMPT_KEYS, BatchPrompt, read_prompts, result_record
 from decoctl.errors import ConfigError, DecoctlError, GenerationError
-from decoctl.generate import Generator
-from decoctl.plugins import PluginRegistry
+from decoctl.generation import PROMPT_KEYS, BatchPrompt, Generator, read_prompts, result_record
+from decoctl.plugins import PluginRegistry, parse_processor_chain, resolve_controller, resolve_model
 from decoctl.ray.cluster import connect, require_cpus
-from decoctl.resolve import parse_processor_chain, resolve_controller, resolve_model
 from decoctl.specs import parse_options
 
 __all__ = [

@@ -11,8 +11,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
-from decoctl.batch import BatchPrompt
 from decoctl.errors import ConfigError, DecoctlError
+from decoctl.generation import BatchPrompt
 from decoctl.ray.batch import OUTPUT_COLUMNS, RESTARTS, check_plan, generate_dataset, plain_error, prompt_dataset
 from decoctl.ray.cluster import joined, require_ray
 

@@ -29,10 +29,9 @@ from typing import Any
 
 from decoctl import errors
 from decoctl.errors import ConfigError, DecoctlError
-from decoctl.plugins import PluginRegistry
+from decoctl.plugins import PluginRegistry, resolve_model
 from decoctl.ray.cluster import joined, require_cpus, require_ray
 from decoctl.ray.command import decoctl_error
-from decoctl.resolve import resolve_model
 
 __all__ = ["APP_NAME", "REPLICA_HEADER", "Replica", "application", "build_app", "run_replicas"]
 
@@ -109,7 +108,7 @@ class Replica:
 def _chat_template(folder: Any, path: str | None) -> Any:
     """The chat template the replica answers chats with: ``path``'s, else the model's own, else none (only
     completions then); a ``path`` that does not load is an error."""
-    from decoctl.chat_template import ChatTemplate
+    from decoctl.generation import ChatTemplate
 
     try:
         return ChatTemplate.from_folder(folder, template=path)

@@ -31,8 +31,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from decoctl.chat_template import ChatTemplate
 from decoctl.errors import ConfigError
+from decoctl.generation import ChatTemplate
 from decoctl.logs import get_logger
 from decoctl.model.vision import ImageFeatures
 from decoctl.serve.engine import (

@@ -27,8 +27,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from decoctl.batch import read_prompts
 from decoctl.errors import ConfigError
+from decoctl.generation import read_prompts
 
 __all__ = ["Level", "Timing", "add_bench_serve_parser", "measure", "run_bench_serve", "stream_completion"]
 

@@ -76,7 +76,7 @@ def add_serve_parsers(commands: Any) -> None:
 def load_roles(args: argparse.Namespace, registry: PluginRegistry) -> dict[str, Any]:
     """The models the command's flags name, loaded: the target, its bundle's other roles, --draft and --role."""
     from decoctl.model.loader import load_model
-    from decoctl.resolve import resolve_model
+    from decoctl.plugins import resolve_model
     from decoctl.specs import normalise_name
 
     name, path = resolve_model(args.model, registry)
@@ -96,7 +96,7 @@ def load_roles(args: argparse.Namespace, registry: PluginRegistry) -> dict[str, 
 
 
 def _chat_template(args: argparse.Namespace, folder: Path, *, required: bool) -> Any:
-    from decoctl.chat_template import ChatTemplate
+    from decoctl.generation import ChatTemplate
 
     try:
         return ChatTemplate.from_folder(folder, template=args.chat_template)
@@ -158,7 +158,7 @@ def run_chat(
 ) -> int:
     """A conversation in the terminal: each line the user types is a message, the answer streams (Ctrl-C stops it
     where it is); ``/reset`` starts over, ``/quit`` (or end of input) leaves."""
-    from decoctl.generate import Generator
+    from decoctl.generation import Generator
 
     given_in, out = stdin or sys.stdin, stdout or sys.stdout
     roles: dict[str, Any] = {"target": args.model}

@@ -6,7 +6,7 @@ handle = engine.submit(EngineRequest(ids=(...), max_new_tokens=64), on_event=pri
 handle.cancel()                                                                        # frees its rows next step
 engine.close()                                                                         # drains, then stops
 
-Each iteration of the engine's loop (decoctl.batch's loop, with rows that come and go):
+Each iteration of the engine's loop (decoctl.generation's loop, with rows that come and go):
 1. completions whose client left are ended and their rows freed;
 2. waiting requests are admitted while rows are free (each completion prefilled into a row of its own, a Host,
    controller and logits chain of its own over it); with ``prefill_chunk`` a long prompt is fed a chunk a step, so
@@ -41,15 +41,12 @@ import numpy as np
 
 from decoctl.controllers import Greedy, RowController
 from decoctl.errors import ConfigError, ControllerError, DecoctlError
-from decoctl.generate import Generator
-from decoctl.host import Host, Sequence, SequenceStats, role_flag
+from decoctl.generation import Generator
+from decoctl.host import Host, Output, Rows, Sequence, SequenceStats, StopRules, role_flag
 from decoctl.logs import get_logger
 from decoctl.model.loader import LoadedModel
 from decoctl.model.vision import ImageFeatures
-from decoctl.output import Output, StopRules
-from decoctl.plugins import PluginRegistry
-from decoctl.resolve import parse_processor_chain
-from decoctl.rows import Rows
+from decoctl.plugins import PluginRegistry, parse_processor_chain
 from decoctl.serve.join_rule import JoinRule
 from decoctl.specs import ControllerSpec, normalise_name
 

@@ -8,7 +8,7 @@ the engine's throughput (tokens over the step's seconds) both ways, from costs m
     stay:  (B + c) / (t(S) + s)        join:  (B + 1) / t(S')
 
 B is the rows stepped in the batched Run; S its span, the rows it computes (one Run computes rows 0 to the highest
-it steps: decoctl.rows), and S' the span with this row in; t(n) the seconds of a Run spanning n rows (its mean,
+it steps: decoctl.host.Rows), and S' the span with this row in; t(n) the seconds of a Run spanning n rows (its mean,
 measured; an n not yet measured is priced on the line through the nearest two measured, or proportionally from
 one), s the row's mean
 seconds per step and c its mean tokens per step (over its last ``WINDOW`` steps, once it has ``MIN_STEPS``). A row

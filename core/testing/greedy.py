@@ -19,7 +19,7 @@ from decoctl.model import load_model
 from decoctl.testing.models import top2_gap
 
 if TYPE_CHECKING:  # the helpers run Generators they are given; importing them here would load every layer
-    from decoctl.generate import GenerationResult, Generator
+    from decoctl.generation import GenerationResult, Generator
 
 __all__ = ["TIE_GAP", "assert_greedys_tokens", "first_divergence_is_a_tie"]
 

@@ -27,9 +27,8 @@ from decoctl import (
     SequenceError,
 )
 from decoctl.abi import ABI_MAJOR, ABI_MINOR, ffi, library_controller_spec, library_factory, load_library
-from decoctl.host import Host, Sequence
+from decoctl.host import Host, Output, Sequence, StopRules
 from decoctl.model import load_model
-from decoctl.output import Output, StopRules
 from decoctl.plugins import PluginRegistry
 
 Build = Callable[..., Path]

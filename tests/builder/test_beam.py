@@ -1,4 +1,4 @@
-"""Beam search (decoctl.beam) against its oracle, transformers' generate(num_beams=...) on the same weights (the
+"""Beam search (decoctl.controllers) against its oracle, transformers' generate(num_beams=...) on the same weights (the
 builder's Llama export, whose two EOS ids make a search keep 3 * num_beams continuations), and against
 onnxruntime-genai's own beam search where the two agree.
 

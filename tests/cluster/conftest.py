@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from decoctl.batch import BatchPrompt
 from decoctl.cli import main
+from decoctl.generation import BatchPrompt
 
 #: the bundled small demo model (plugins/models): every actor loads it by name
 MODEL = "pycode-small"

@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from decoctl.batch import BatchPrompt, result_record
 from decoctl.errors import ConfigError
-from decoctl.generate import Generator
+from decoctl.generation import BatchPrompt, Generator, result_record
 from decoctl.ray import generate_dataset, prompt_dataset
 
 from .conftest import MODEL, jsonl, run_cli, without_timings

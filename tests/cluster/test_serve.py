@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from decoctl.generate import Generator
+from decoctl.generation import Generator
 
 from .conftest import MODEL, run_cli
 

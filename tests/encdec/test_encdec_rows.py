@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from decoctl import Generator
-from decoctl.host import Sequence
+from decoctl.host import ONE_RUN_PER_ROW, Rows, Sequence
 from decoctl.model.loader import LoadedModel, load_model
-from decoctl.rows import ONE_RUN_PER_ROW, Rows
 
 PROMPTS = ("def fibonacci(n):", "class Stack:\n    def push(self, item):", "return result", "for x in range(10):")
 NEW = 12

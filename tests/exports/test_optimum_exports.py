@@ -16,7 +16,7 @@ import pytest
 from optimum_exports import ARCHITECTURES, MAX_NEW_TOKENS, PROMPT
 
 from decoctl.cli import main
-from decoctl.generate import Generator
+from decoctl.generation import Generator
 from decoctl.host import Sequence
 from decoctl.model import load_model
 from decoctl.plugins import PluginRegistry

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 from decoctl.cli import main
 from decoctl.errors import ModelLoadError
-from decoctl.generate import Generator
+from decoctl.generation import Generator
 from decoctl.host import Sequence
 from decoctl.model import load_model
 from decoctl.model.spec import ALIBI_CONTEXT_LENGTH, optimum_graph_file

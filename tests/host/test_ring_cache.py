@@ -18,12 +18,11 @@ from structlog.testing import capture_logs
 
 from decoctl import CapabilityError, Generator, SequenceError
 from decoctl.errors import ModelLoadError
-from decoctl.host import Sequence
+from decoctl.host import Rows, Sequence
 from decoctl.model import load_model
 from decoctl.model.kv_cache import describe_layers
 from decoctl.model.ring_cache import resident_count
 from decoctl.plugins import PluginRegistry
-from decoctl.rows import Rows
 from decoctl.testing import build_eagle_head, build_genai_model, reference_logits
 
 ATOL = 1e-4

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decoctl import SequenceError
+from decoctl.host import Rows
 from decoctl.model import load_model
-from decoctl.rows import Rows
 from decoctl.testing import build_genai_model, reference_logits
 
 ATOL = 1e-4

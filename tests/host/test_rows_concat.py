@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from decoctl import ConfigError, SequenceError
+from decoctl.host import ONE_RUN_PER_ROW, Rows
 from decoctl.model import load_model
 from decoctl.model.kv_cache import ConcatKVCache
 from decoctl.model.loader import LoadedModel
-from decoctl.rows import ONE_RUN_PER_ROW, Rows
 from decoctl.testing import reference_logits
 
 ATOL = 1e-4

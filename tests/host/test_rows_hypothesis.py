@@ -1,6 +1,6 @@
 """Random programs of fork, reorder, release, step, rewind and per-row forwards keep every row exact.
 
-Each example drives one role's rows (decoctl.rows) with a random sequence of operations and tracks, beside them,
+Each example drives one role's rows (decoctl.host.Rows) with a random sequence of operations and tracks, beside them,
 the tokens each row must hold. Every logits row a step or forward returns must equal a from-scratch pass over that
 row's tokens (decoctl.testing.reference_logits), and at the end every live row is stepped once more, which checks
 the KV cache it was left with. Three models: the plain builder layout, one with tree inputs and a sliding window
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from decoctl.host import Rows
 from decoctl.model import load_model
 from decoctl.model.loader import LoadedModel
-from decoctl.rows import Rows
 from decoctl.testing import build_genai_model, build_optimum_model, reference_logits
 
 ATOL = 1e-4

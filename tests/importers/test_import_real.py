@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from decoctl.generate import Generator
+from decoctl.generation import Generator
 from decoctl.importers.gemma3 import import_gemma3
 from decoctl.plugins import PluginRegistry
 

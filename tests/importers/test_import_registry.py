@@ -20,8 +20,7 @@ from decoctl.importers.registry import (
     registry_file,
     role_defaults,
 )
-from decoctl.plugins import PluginRegistry, hookimpl
-from decoctl.resolve import resolve_model
+from decoctl.plugins import PluginRegistry, hookimpl, resolve_model
 from decoctl.specs import ModelBundle
 
 

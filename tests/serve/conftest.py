@@ -73,7 +73,7 @@ def start_server(app: object, config: object | None = None) -> tuple[str, thread
 
 @pytest.fixture(scope="module")
 def live(tiny_model: Path) -> Iterator[Live]:
-    from decoctl.chat_template import ChatTemplate
+    from decoctl.generation import ChatTemplate
     from decoctl.serve.app import create_app
     from decoctl.serve.engine import Engine
 

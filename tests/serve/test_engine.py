@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from decoctl import ControllerSpec, Generator, hookimpl, load_model
-from decoctl.chat_template import ChatPrompt
+from decoctl.generation import ChatPrompt
 from decoctl.serve.engine import Delta, Engine, EngineClosedError, EngineRequest, Failed, Finished
 from decoctl.serve.join_rule import JoinRule
 

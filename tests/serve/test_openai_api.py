@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from decoctl import Generator
-from decoctl.chat_template import ChatPrompt
+from decoctl.generation import ChatPrompt
 
 from .conftest import MODEL, Live, openai
 

@@ -10,7 +10,7 @@ from .conftest import API_KEY, MODEL, openai, plugin_registry, start_server
 
 
 def test_shutdown_lets_a_stream_under_way_finish(tiny_model: Path) -> None:
-    from decoctl.chat_template import ChatTemplate
+    from decoctl.generation import ChatTemplate
     from decoctl.serve.app import create_app
     from decoctl.serve.engine import Engine
 

@@ -38,7 +38,7 @@ class VisionLive:
 def vision_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VisionLive]:
     from PIL import Image
 
-    from decoctl.chat_template import ChatTemplate
+    from decoctl.generation import ChatTemplate
     from decoctl.serve.app import create_app
     from decoctl.serve.engine import Engine
 

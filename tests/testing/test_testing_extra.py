@@ -22,6 +22,6 @@ def test_importing_decoctl_testing_without_onnx_names_the_extra() -> None:
 
 
 def test_decoctl_itself_runs_without_onnx() -> None:
-    done = _run("import decoctl, decoctl.generate, decoctl.cli, decoctl.abi; print('ok')")
+    done = _run("import decoctl, decoctl.generation, decoctl.cli, decoctl.abi; decoctl.Generator; print('ok')")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"

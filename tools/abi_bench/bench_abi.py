@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from decoctl.generate import Generator
+from decoctl.generation import Generator
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "build" / "abi_bench"

@@ -24,11 +24,11 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """About 1 KB of Python: decoctl's own generation loop, a few windows of SEQ_LEN tokens."""
-    import decoctl.generate
+    """About 1 KB of Python: decoctl's own Generator, a few windows of SEQ_LEN tokens."""
+    import decoctl
 
     path = tmp_path_factory.mktemp("data") / "code.txt"
-    path.write_text(inspect.getsource(decoctl.generate)[:1000], encoding="utf-8")
+    path.write_text(inspect.getsource(decoctl.Generator)[:1000], encoding="utf-8")
     return path
 
 

@@ -19,9 +19,8 @@ from decoctl_eagle import Eagle
 from decoctl_eagle.controller import OPTIONS
 
 from decoctl.draft_length import DraftLength
-from decoctl.host import Host, Sequence
+from decoctl.host import Host, Output, Sequence, StopRules
 from decoctl.model import load_model
-from decoctl.output import Output, StopRules
 from decoctl.specs import parse_options
 from decoctl.testing import reference_outputs
 

@@ -43,11 +43,11 @@ def tapped(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """About 6 KB of Python: decoctl's own generation loop."""
-    import decoctl.generate
+    """About 6 KB of Python: decoctl's own Generator."""
+    import decoctl
 
     path = tmp_path_factory.mktemp("data") / "code.txt"
-    path.write_text(inspect.getsource(decoctl.generate)[:6000], encoding="utf-8")
+    path.write_text(inspect.getsource(decoctl.Generator)[:6000], encoding="utf-8")
     return path
 
 

@@ -10,8 +10,7 @@ from decoctl_logits_chain import plugin
 
 from decoctl import ProcessorChain
 from decoctl.model.tokenizer import Tokenizer
-from decoctl.plugins import PluginRegistry
-from decoctl.resolve import parse_processor_chain
+from decoctl.plugins import PluginRegistry, parse_processor_chain
 from decoctl.testing import build_genai_model
 
 

@@ -9,8 +9,7 @@ import pytest
 from decoctl_logits_chain import pick_token
 
 from decoctl import ControllerError, Generator, ProcessContext
-from decoctl.plugins import PluginRegistry
-from decoctl.resolve import parse_processor_chain
+from decoctl.plugins import PluginRegistry, parse_processor_chain
 from decoctl.testing import reference_logits
 
 PROMPT = "def fib(n):"

@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from decoctl import Generator, ProcessContext
-from decoctl.plugins import PluginRegistry
-from decoctl.resolve import parse_processor_chain
+from decoctl.plugins import PluginRegistry, parse_processor_chain
 
 README = Path(__file__).parents[1] / "README.md"
 

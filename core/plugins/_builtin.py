@@ -4,7 +4,7 @@ the greedy and sample baselines."""
 from __future__ import annotations
 
 from decoctl.controllers import builtin_controllers
-from decoctl.plugins import hookimpl
+from decoctl.plugins._registry import hookimpl
 from decoctl.specs import ControllerSpec
 
 

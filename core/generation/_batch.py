@@ -4,9 +4,9 @@ gen = Generator({"target": "pycode"}, "greedy")
 results = gen.generate_batch(["def f(x):", "import os"], batch_size=8)   # in prompt order
 for index, result in gen.stream_batch(prompts, batch_size=8): ...       # as each prompt finishes
 
-The batch holds ``batch_size`` rows of the target in one KV buffer (decoctl.rows). Each prompt takes a free row: it is
-prefilled there (a multi-token forward on that row alone) and gets a Host of its own (its output, stop rules, seeded
-rng). Every step, the controller picks each running prompt's next token from its row's logits
+The batch holds ``batch_size`` rows of the target in one KV buffer (decoctl.host.Rows). Each prompt takes a free
+row: it is prefilled there (a multi-token forward on that row alone) and gets a Host of its own (its output, stop
+rules, seeded rng). Every step, the controller picks each running prompt's next token from its row's logits
 (``RowController.next_token``), the batch commits it to that prompt's output, and one ``rows.step`` feeds every
 prompt still running. A prompt that finishes (EOS, a stop string, its own max_new_tokens) leaves its row, and the
 next prompt is prefilled into it (continuous batching inside one process). Every prompt's output is the one it
@@ -17,7 +17,7 @@ several rows per prompt (parallel samples, beams), or a processor chain that kee
 ``clone()`` runs the prompts one at a time, and each result's trace says why under "batched". A chain whose stateful
 processors clone gives every prompt a clone of its own, reset with that prompt. On a model with a concatenated KV cache
 (Optimum's layout) every row keeps a cache of its own and a step is one Run per row; an encoder-decoder model's row
-runs its own encoder over its own prompt when the prompt is admitted (decoctl.rows).
+runs its own encoder over its own prompt when the prompt is admitted (decoctl.host.Rows).
 """
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ import numpy as np
 
 from decoctl.controllers import RowController
 from decoctl.errors import ConfigError
-from decoctl.host import Host, Sequence
+from decoctl.host import Host, Rows, Sequence
 from decoctl.processing import ProcessorChain
-from decoctl.rows import Rows
 from decoctl.specs import ControllerSpec
 
 if TYPE_CHECKING:
-    from decoctl.generate import GenerationResult
+    from decoctl.generation._generator import GenerationResult
 
 __all__ = [
     "BatchPrompt",

@@ -3,7 +3,7 @@
 decoctl generate "def f(x):" -c beam -o num_beams=4 -o num_return_sequences=2 -o length_penalty=1.0
 
 The whole search runs inside one controller step: the Generator prefills row 0; the search forks it into
-``num_beams`` rows, steps every beam in one onnxruntime Run (decoctl.rows), reorders the rows to follow the
+``num_beams`` rows, steps every beam in one onnxruntime Run (decoctl.host.Rows), reorders the rows to follow the
 surviving beams, and commits nothing until it ends. Then the ``num_return_sequences`` best finished hypotheses
 become completions 0..R-1 (best first), each with its length-normalised score (transformers' sequences_scores).
 

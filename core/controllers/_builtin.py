@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from decoctl.beam import beam_spec
+from decoctl.controllers._beam import beam_spec
 from decoctl.errors import ConfigError
 from decoctl.host import Host
 from decoctl.specs import ControllerSpec, Option
@@ -47,7 +47,7 @@ class Controller(Protocol):
     A controller class given to a Generator (or as ``file.py:Class``) may also say, as class attributes, what a
     plugin's ControllerSpec says: ``roles``, ``capabilities``, ``options`` (its Option schema, checked before it is
     built as ``Class(options)``), and ``roles_for``, ``capabilities_for``, ``check_options``, ``rows_for``,
-    ``scratch_for`` as static methods taking the parsed options (decoctl.resolve.controller_spec_of).
+    ``scratch_for`` as static methods taking the parsed options (decoctl.plugins.controller_spec_of).
     """
 
     def step(self, host: Host) -> None: ...
@@ -62,7 +62,7 @@ def start_controller(controller: Any, host: Host) -> None:
 
 @runtime_checkable
 class RowController(Protocol):
-    """A controller that batched prompts (decoctl.batch) step one row per prompt, many prompts in one Run:
+    """A controller that batched prompts (decoctl.generation) step one row per prompt, many prompts in one Run:
     ``start(host)`` as usual (where it has one), then ``next_token(host)``, the token its step() would commit next,
     read from ``host.target.logits()``'s last row; the batch commits it and feeds it. Its ControllerSpec says
     ``batched=True`` (a controller class with ``next_token`` gets it without saying so)."""
@@ -80,7 +80,7 @@ class Greedy:
         del host
 
     def next_token(self, host: Host) -> int:
-        """The token step() commits next (batched prompts call this, one row per prompt; decoctl.batch)."""
+        """The token step() commits next (batched prompts call this, one row per prompt; decoctl.generation)."""
         return int(host.argmax(host.target.logits()[-1:])[0])
 
     def step(self, host: Host) -> None:

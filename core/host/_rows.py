@@ -32,7 +32,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from decoctl.errors import ConfigError, SequenceError
-from decoctl.host import Sequence
+from decoctl.host._host import Sequence
 from decoctl.model import kv_rows
 from decoctl.model.batch_step import BatchStep
 from decoctl.model.kv_cache import ConcatKVCache, kv_dtype

@@ -12,8 +12,8 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
-from decoctl import native
 from decoctl.errors import ConfigError, DecoctlError, PluginError
+from decoctl.processing import _native as native
 
 __all__ = [
     "LogitsProcessor",
@@ -374,7 +374,7 @@ class ProcessorChain:
     def _argmax_unprocessed(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray | None:
         """Every row's argmax read from the unprocessed rows, or None as soon as one row needs the steps run.
 
-        A float32 row's maximum and runner-up come from one pass (decoctl.native.top2, compiled when the bridge
+        A float32 row's maximum and runner-up come from one pass (decoctl.processing.top2, compiled when the bridge
         is); other rows take numpy's argmax and two reductions. Both leave the caller's rows as they are and give
         the same numbers."""
         top2 = native.top2 if rows.dtype == np.float32 and rows.flags.c_contiguous else None

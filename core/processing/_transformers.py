@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from decoctl.errors import ConfigError, PluginError
-from decoctl.processing import ProcessContext
+from decoctl.processing._chain import ProcessContext
 
 __all__ = ["TransformersProcessor", "from_transformers"]
 

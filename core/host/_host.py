@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 
 from decoctl.errors import CapabilityError, ConfigError, SequenceError
+from decoctl.host._output import Output
 from decoctl.model.capabilities import FEATURES
 from decoctl.model.decoder_runner import DecoderRunner
 from decoctl.model.kv_cache import KVCache
@@ -29,11 +30,10 @@ from decoctl.model.loader import LoadedModel
 from decoctl.model.runner import Runner, RunOutputs
 from decoctl.model.tree import Tree
 from decoctl.model.vision import ImageFeatures, no_images
-from decoctl.output import Output
 from decoctl.processing import ProcessContext, ProcessorChain
 
-if TYPE_CHECKING:  # decoctl.rows builds on Sequence: imported for annotations only
-    from decoctl.rows import Rows
+if TYPE_CHECKING:  # decoctl.host builds on Sequence: imported for annotations only
+    from decoctl.host._rows import Rows
 
 __all__ = ["ForwardSizes", "Host", "Sequence", "SequenceStats", "debug_default"]
 
@@ -150,7 +150,7 @@ class Sequence:
     ) -> None:
         self.role = role
         self.model = model
-        # ``kv``: one row of the role's batched buffers when the role holds several rows (decoctl.rows); an
+        # ``kv``: one row of the role's batched buffers when the role holds several rows (decoctl.host.Rows); an
         # encoder-decoder model's runner also holds its encoder's output and the cross-attention KV
         self._runner = Runner(model, max_length, kv) if model.encoder is None else DecoderRunner(model, max_length, kv)
         self._tokens = np.zeros(self._runner.max_length, np.int64)
@@ -509,7 +509,7 @@ class Sequence:
         self._fed = (first, parsed.size, parsed)
         return rows
 
-    # -- rows (decoctl.rows): the role's batched buffer drives these on each of its rows -------------------------
+    # -- rows (decoctl.host.Rows): the role's batched buffer drives these on each of its rows -------------------------
     def _check_settled(self, what: str) -> None:
         """Refuse to copy or batch-step a row that still holds a whole tree (keep or rewind first)."""
         fed = self._fed
@@ -675,7 +675,7 @@ class Host:
         return tuple(self._roles)
 
     def rows(self, name: str = "target") -> Rows:
-        """The rows of role ``name`` (decoctl.rows): row 0 is ``host[name]``; fork, reorder, release and a batched
+        """The rows of role ``name`` (decoctl.host.Rows): row 0 is ``host[name]``; fork, reorder, release and a batched
         one-token step. How many rows a role holds is the controller's ``rows_for`` (ControllerSpec). Where the
         model steps its rows one Run per row (a concatenated KV cache), the trace says so under "rows"."""
         self.role(name)

@@ -214,9 +214,9 @@ class PluginRegistry:
             self._load_entry_points()
             self._check_hooks()
         if builtins and not (self._pm.has_plugin(BUILTIN_PLUGIN) or self._pm.is_blocked(BUILTIN_PLUGIN)):
-            from decoctl import builtin_plugin  # imports this module's hookimpl: here, not at the top
+            from decoctl.plugins import _builtin  # imports this module's hookimpl: here, not at the top
 
-            self.register(builtin_plugin, BUILTIN_PLUGIN)
+            self.register(_builtin, BUILTIN_PLUGIN)
 
     # -- registration -----------------------------------------------------------------------------------
     def register(self, plugin: object, name: str) -> None:
@@ -309,7 +309,7 @@ class PluginRegistry:
         for loaded, dist in self._pm.list_plugin_distinfo():
             if loaded is found:
                 return str(dist.project_name)
-        return PROJECT if getattr(found, "__name__", "") == "decoctl.builtin_plugin" else ""
+        return PROJECT if getattr(found, "__name__", "") == "decoctl.plugins._builtin" else ""
 
     # -- facade -----------------------------------------------------------------------------------------
     def controllers(self) -> dict[str, ControllerSpec]:

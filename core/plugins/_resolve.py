@@ -19,7 +19,7 @@ from decoctl.processing import LogitsProcessor, ProcessorChain, checked_processo
 from decoctl.specs import ControllerSpec, normalise_name, parse_options
 
 if TYPE_CHECKING:
-    from decoctl.plugins import PluginRegistry
+    from decoctl.plugins._registry import PluginRegistry
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -18,8 +18,6 @@ from typing import Any, cast
 import attrs
 import numpy as np
 
-from decoctl.batch import BatchPrompt, BatchSlot, one_at_a_time, run_batch
-from decoctl.chat_template import ChatPrompt, ChatTemplate, encode_prompt
 from decoctl.controllers import Controller, RowController, start_controller
 from decoctl.errors import (
     CapabilityError,
@@ -29,23 +27,23 @@ from decoctl.errors import (
     GenerationError,
     GeneratorInUseError,
 )
-from decoctl.host import TREE_TRANSFORM_HINT, ForwardSizes, Host, Sequence, role_flag
+from decoctl.generation._batch import BatchPrompt, BatchSlot, one_at_a_time, run_batch
+from decoctl.generation._chat_template import ChatPrompt, ChatTemplate, encode_prompt
+from decoctl.host import TREE_TRANSFORM_HINT, ForwardSizes, Host, Output, Rows, Sequence, StopRules, role_flag
 from decoctl.importers.registry import role_defaults
 from decoctl.logs import get_logger
 from decoctl.model.capabilities import FEATURES
 from decoctl.model.loader import LoadedModel, load_model
 from decoctl.model.vision import ImageFeatures, no_images
-from decoctl.output import Output, StopRules
-from decoctl.plugins import PluginRegistry
-from decoctl.processing import ProcessorChain, processor_name
-from decoctl.resolve import (
+from decoctl.plugins import (
+    PluginRegistry,
     Processors,
     checked_controller,
     parse_processor_chain,
     resolve_controller,
     resolve_model,
 )
-from decoctl.rows import Rows
+from decoctl.processing import ProcessorChain, processor_name
 from decoctl.specs import ControllerSpec, normalise_name, parse_options
 
 __all__ = ["Completion", "GenerationResult", "GenerationStats", "Generator", "generate", "stream"]
@@ -253,7 +251,7 @@ class Generator:
         self.models = self._load_roles(dict(models or {}), threads, huge_pages)
         self._sequences: dict[str, Sequence] = {}
         self._rows: dict[str, Rows] = {}
-        #: the target's rows for batched prompts (decoctl.batch), kept for the next batch of the same size
+        #: the target's rows for batched prompts (decoctl.generation), kept for the next batch of the same size
         self._batch_rows: Rows | None = None
         #: held while a generation runs: a whole generate(), a stream's start and each of its steps
         self._lock = threading.Lock()
@@ -362,7 +360,7 @@ class Generator:
         self, messages: Seq[Mapping[str, Any]], *, template: ChatTemplate | str | Path | None = None, **variables: Any
     ) -> ChatPrompt:
         """``messages`` rendered by the target's chat template (or ``template``: a ChatTemplate or a template file)
-        and tokenized as transformers' apply_chat_template does (decoctl.chat_template): a prompt for generate()
+        and tokenized as transformers' apply_chat_template does (decoctl.generation): a prompt for generate()
         and stream()."""
         chosen = template if isinstance(template, ChatTemplate) else None
         if chosen is None:
@@ -459,7 +457,7 @@ class Generator:
             self._lock.release()
         return self.last
 
-    # -- batched prompts (decoctl.batch) --------------------------------------------------------------------
+    # -- batched prompts (decoctl.generation) --------------------------------------------------------------------
     def generate_batch(
         self,
         prompts: Seq[str | Mapping[str, Any] | BatchPrompt],
@@ -485,7 +483,7 @@ class Generator:
         stop: tuple[str, ...] | list[str] = (),
         seed: int | None = 0,
     ) -> Iterator[tuple[int, GenerationResult]]:
-        """Yield (prompt index, GenerationResult) as each prompt finishes (continuous batching; decoctl.batch).
+        """Yield (prompt index, GenerationResult) as each prompt finishes (continuous batching; decoctl.generation).
 
         A prompt is a string, or a mapping / BatchPrompt with its own ``max_new_tokens`` and ``seed`` (else these
         arguments') and ``stop`` strings (added to these). Each prompt's output is the one it gets alone: greedy

@@ -1,0 +1,76 @@
+"""The generation layer: a request becomes tokens and text.
+
+``Generator`` owns a set of loaded models and runs one controller over them: single generations, streams, chats
+(a chat template renders the messages) and batched prompts (several prompts' rows stepped in one Run, refilled as
+prompts finish). ``generate``/``stream`` are its one-shot forms.
+
+Private modules: ``_generator`` (the Generator and its results), ``_batch`` (batched prompts and prompt files),
+``_chat_template`` (chat templates in jinja2's sandbox).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from decoctl._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from decoctl.generation._batch import (
+        PROMPT_KEYS,
+        BatchPrompt,
+        BatchSlot,
+        one_at_a_time,
+        read_prompt_records,
+        read_prompts,
+        result_record,
+        run_batch,
+    )
+    from decoctl.generation._chat_template import CHAT_TEMPLATE_FILE, ChatPrompt, ChatTemplate, encode_prompt
+    from decoctl.generation._generator import Completion, GenerationResult, GenerationStats, Generator, generate, stream
+
+# public name -> the module that defines it
+_EXPORTS = {
+    **dict.fromkeys(
+        ("Completion", "GenerationResult", "GenerationStats", "Generator", "generate", "stream"),
+        "decoctl.generation._generator",
+    ),
+    **dict.fromkeys(
+        (
+            "BatchPrompt",
+            "BatchSlot",
+            "PROMPT_KEYS",
+            "one_at_a_time",
+            "read_prompt_records",
+            "read_prompts",
+            "result_record",
+            "run_batch",
+        ),
+        "decoctl.generation._batch",
+    ),
+    **dict.fromkeys(
+        ("CHAT_TEMPLATE_FILE", "ChatPrompt", "ChatTemplate", "encode_prompt"), "decoctl.generation._chat_template"
+    ),
+}
+
+__all__ = [
+    "CHAT_TEMPLATE_FILE",
+    "PROMPT_KEYS",
+    "BatchPrompt",
+    "BatchSlot",
+    "ChatPrompt",
+    "ChatTemplate",
+    "Completion",
+    "GenerationResult",
+    "GenerationStats",
+    "Generator",
+    "encode_prompt",
+    "generate",
+    "one_at_a_time",
+    "read_prompt_records",
+    "read_prompts",
+    "result_record",
+    "run_batch",
+    "stream",
+]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
