@@ -330,6 +330,22 @@ class Verifier:
         tokens.append(following)
         return self._count([0, *path], tokens, len(tree.verified) - 1)
 
+    def plain(self, host: Host) -> int:
+        """A step that drafts nothing, as lean as greedy's: one target forward of the pending token, the next token
+        taken as ``chain(host, ())`` takes it (the processed argmax; under sampling a draw from the target's
+        distribution) and committed at once. Unless that ends the generation, the token becomes the pending one.
+        Returns it. The drafting controllers take this step wherever their rule drafts nothing."""
+        rows = host.target.forward((self.pending,))
+        if self.sampling:
+            token = accept_chain(host, rows, (), sampling=True, temperature=self.temperature)[1]
+        else:
+            token = int(host.argmax(rows, ())[0])
+        self.steps += 1
+        host.commit((token,))
+        if not host.done:
+            self.pending = token
+        return token
+
     def commit(self, host: Host, verdict: Verdict) -> int:
         """Commit the verdict's tokens; unless that ends the generation, keep the accepted path on the target and
         make the target's own token the pending one. Returns how many tokens the output took."""

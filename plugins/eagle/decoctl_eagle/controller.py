@@ -340,12 +340,16 @@ class Eagle:
         began = clock()
         k = self.length.choose(bucket=0, cap=self._chain_room(host), backlog=self._catch_up_rows())
         if not k:  # a plain target step: no head, no drafting bookkeeping (it runs where drafting does not pay)
-            verdict = self.verifier.chain(host, ())
-            features = self._features(host.target, slice(0, 1))
+            verifying = clock()
+            token = self.verifier.plain(host)
             verified = clock()
-            self.length.observe(bucket=0, drafted=0, accepted=0, verify_seconds=verified - began, draft_seconds=0.0)
-            self.verify_seconds += verified - began
-            self._finish(host, verdict, features)
+            self.length.observe(
+                bucket=0, drafted=0, accepted=0, verify_seconds=verified - verifying, draft_seconds=verifying - began
+            )
+            self.verify_seconds += verified - verifying
+            self.committed += 1
+            if not host.done:  # the pair for the head's next catch-up: the pending token's features and the token
+                self._defer((token,), self._features(host.target, slice(0, 1)))
             return
         rows = self.catch_up(host)
         caught = clock()

@@ -159,20 +159,24 @@ class Lookahead:
     def step(self, host: Host) -> None:
         began = self.clock()
         context = self._lookup.tokens
-        if self.gate is None or self.gate.drafts():
-            verdict, fed = self._draft_and_verify(host, context)
-        else:  # the trees do not pay here: a plain one-token step
-            verdict, fed = self.verifier.chain(host, ()), 1
+        if self.gate is not None and not self.gate.drafts():
+            # the trees do not pay here: a plain one-token step, as lean as greedy's (the pool catches up on the
+            # context when drafting resumes)
+            token = self.verifier.plain(host)
             self.plain += 1
-        if self.gate is not None:
-            self.gate.observe(drafted=fed > 1, committed=len(verdict.tokens), seconds=self.clock() - began)
-        self.verifier.commit(host, verdict)
-        if host.done:
+            self.gate.observe(drafted=False, committed=1, seconds=self.clock() - began)
+            if not host.done:
+                self._lookup.extend((token,))
             return
-        self._lookup.extend(verdict.tokens)
         n = self.levels + 1
         self.pool.add_sequence(context, n, start=self._pooled_until)
         self._pooled_until = max(self._pooled_until, len(context) - n + 1)
+        verdict, fed = self._draft_and_verify(host, context)
+        if self.gate is not None:
+            self.gate.observe(drafted=fed > 1, committed=len(verdict.tokens), seconds=self.clock() - began)
+        self.verifier.commit(host, verdict)
+        if not host.done:
+            self._lookup.extend(verdict.tokens)
 
     def _draft_and_verify(self, host: Host, context: list[int]) -> tuple[Verdict, int]:
         """One lookahead step's verdict and the tokens its forward fed."""

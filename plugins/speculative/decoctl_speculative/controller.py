@@ -124,21 +124,37 @@ class Speculative:
         else:  # every draft token costs a draft forward: decide first
             k = self.k.choose(self.drafter.bucket, cap, backlog=self.drafter.backlog(context))
             drafts, q = self.drafter.propose(host, context, k) if k > 0 else ([], None)
+        if not drafts:  # a plain step, as lean as greedy's (where drafting does not pay, most steps are these)
+            verifying = clock()
+            token = self.verifier.plain(host)
+            verified = clock()
+            self.draft_seconds += verifying - began
+            self.verify_seconds += verified - verifying
+            self.k.observe(
+                bucket=self.drafter.bucket,
+                drafted=0,
+                accepted=0,
+                verify_seconds=verified - verifying,
+                draft_seconds=verifying - began,
+            )
+            if not host.done:
+                self._context[self._length] = token
+                self._length += 1
+            return
         q = None if q is None else q[: len(drafts)]
         drafted = clock()
         verdict = self.verifier.chain(host, drafts, q)
         verified = clock()
         self.draft_seconds += drafted - began
         self.verify_seconds += verified - drafted
-        synced, sync_seconds = (self.drafter.synced_rows, self.drafter.sync_seconds) if drafts else (0, 0.0)
         self.k.observe(
             bucket=self.drafter.bucket,
             drafted=len(drafts),
             accepted=verdict.accepted,
             verify_seconds=verified - drafted,
-            draft_seconds=drafted - began - sync_seconds,
-            catch_up_rows=synced,
-            catch_up_seconds=sync_seconds,
+            draft_seconds=drafted - began - self.drafter.sync_seconds,
+            catch_up_rows=self.drafter.synced_rows,
+            catch_up_seconds=self.drafter.sync_seconds,
         )
         self.verifier.commit(host, verdict)
         if host.done:
