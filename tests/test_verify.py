@@ -193,13 +193,14 @@ def greedy_tokens(tree_model: Path) -> tuple[int, ...]:
     return Generator({"target": tree_model}, "greedy").generate(PROMPT, max_new_tokens=12).tokens
 
 
-def prefilled_host(folder: Path) -> Host:
+def prefilled_host(folder: Path, chain: ProcessorChain | None = None, seed: int | None = None) -> Host:
     model = load_model(folder, threads=1)
     prompt = np.asarray(model.tokenizer.encode(PROMPT), np.int64)
     target = Sequence("target", model, max_length=128)
     target.prefill(prompt)
     rules = StopRules(eos_token_ids=(), max_new_tokens=12, capacity=100)
-    return Host({"target": target}, Output(rules, model.tokenizer.detokenizer(), None), prompt=prompt)
+    output = Output(rules, model.tokenizer.detokenizer(), None)
+    return Host({"target": target}, output, prompt=prompt, chain=chain, seed=seed)
 
 
 def assert_pending_invariant(host: Host, verifier: Verifier) -> None:
@@ -242,6 +243,45 @@ def test_a_tree_step_keeps_the_accepted_path_among_wrong_branches(
     verifier.commit(host, verdict)
     assert host.output_tokens == greedy_tokens[:4]
     assert_pending_invariant(host, verifier)
+
+
+def test_plain_steps_commit_greedys_tokens_and_mix_with_chains(
+    tree_model: Path, greedy_tokens: tuple[int, ...]
+) -> None:
+    host, verifier = prefilled_host(tree_model), Verifier()
+    verifier.start(host)
+    assert verifier.plain(host) == greedy_tokens[0]
+    assert_pending_invariant(host, verifier)
+    verdict = verifier.chain(host, list(greedy_tokens[1:3]))
+    verifier.commit(host, verdict)
+    assert [verifier.plain(host) for _ in range(3)] == list(greedy_tokens[4:7])
+    assert host.output_tokens == greedy_tokens[:7]
+    assert_pending_invariant(host, verifier)
+    assert verifier.stats()["steps"] == 5
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_a_plain_step_takes_the_token_a_chain_of_no_drafts_takes(tree_model: Path, sampling: bool) -> None:
+    """The same token from the same state and rng, processors and sampling included: plain() is chain(host, ())
+    and commit, leaner."""
+    bias = np.random.default_rng(5).normal(0.0, 2.0, 512).astype(np.float32)
+
+    def biased(rows: np.ndarray, context: ProcessContext) -> np.ndarray:
+        return rows + bias[: rows.shape[1]]
+
+    taken: list[list[int]] = []
+    for lean in (False, True):
+        host = prefilled_host(tree_model, ProcessorChain([biased]), seed=7)
+        verifier = Verifier(sampling=sampling, temperature=0.9)
+        verifier.start(host)
+        for _ in range(8):
+            if lean:
+                verifier.plain(host)
+            else:
+                verifier.commit(host, verifier.chain(host, []))
+        assert_pending_invariant(host, verifier)
+        taken.append(list(host.output_tokens))
+    assert taken[0] == taken[1]
 
 
 def test_a_tree_rooted_elsewhere_than_the_pending_token_is_refused(tree_model: Path) -> None:
