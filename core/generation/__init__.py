@@ -4,8 +4,8 @@
 (a chat template renders the messages) and batched prompts (several prompts' rows stepped in one Run, refilled as
 prompts finish). ``generate``/``stream`` are its one-shot forms.
 
-Private modules: ``_generator`` (the Generator and its results), ``_batch`` (batched prompts and prompt files),
-``_chat_template`` (chat templates in jinja2's sandbox).
+Private modules: ``_generator`` (the Generator), ``_results`` (what a generation gives back), ``_batch``
+(batched prompts and prompt files), ``_chat_template`` (chat templates in jinja2's sandbox).
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ if TYPE_CHECKING:
         run_batch,
     )
     from decoctl.generation._chat_template import CHAT_TEMPLATE_FILE, ChatPrompt, ChatTemplate, encode_prompt
-    from decoctl.generation._generator import Completion, GenerationResult, GenerationStats, Generator, generate, stream
+    from decoctl.generation._generator import Generator, generate, stream
+    from decoctl.generation._results import Completion, GenerationResult, GenerationStats
 
 # public name -> the module that defines it
 _EXPORTS = {
-    **dict.fromkeys(
-        ("Completion", "GenerationResult", "GenerationStats", "Generator", "generate", "stream"),
-        "decoctl.generation._generator",
-    ),
+    **dict.fromkeys(("Generator", "generate", "stream"), "decoctl.generation._generator"),
+    **dict.fromkeys(("Completion", "GenerationResult", "GenerationStats"), "decoctl.generation._results"),
     **dict.fromkeys(
         (
             "BatchPrompt",

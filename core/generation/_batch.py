@@ -37,7 +37,7 @@ from decoctl.processing import ProcessorChain
 from decoctl.specs import ControllerSpec
 
 if TYPE_CHECKING:
-    from decoctl.generation._generator import GenerationResult
+    from decoctl.generation._results import GenerationResult
 
 __all__ = [
     "BatchPrompt",
