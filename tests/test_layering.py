@@ -133,3 +133,20 @@ def test_the_public_modules_are_exactly_those_the_architecture_lists() -> None:
     code, docs = _public_modules_in_the_code(), _public_modules_in_the_docs()
     assert not code - docs, f"public in the code but not listed in docs/ARCHITECTURE.md: {sorted(code - docs)}"
     assert not docs - code, f"listed in docs/ARCHITECTURE.md but not a public module: {sorted(docs - code)}"
+
+
+def test_plugin_tests_import_only_public_modules() -> None:
+    """A plugin's tests use decoctl as any plugin author would: no module with an underscore-led part."""
+    import ast
+    from pathlib import Path
+
+    private: list[str] = []
+    for path in sorted((Path(__file__).parents[1] / "plugins").glob("*/tests/**/*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            for name in names:
+                if name.split(".")[0] == "decoctl" and any(part.startswith("_") for part in name.split(".")[1:]):
+                    private.append(f"{path.name}: {name}")
+    assert not private, private
