@@ -263,8 +263,10 @@ class Sequence:
     ) -> np.ndarray:
         """Feed a prompt, ``chunk`` tokens per run (None: one run); return float32[1, vocab], the last row.
 
-        Works on models that only return the last position's logits; peak memory is bounded by the chunk.
-        ``features``: as for forward(), one row per prompt token.
+        Works on models that only return the last position's logits; peak memory is bounded by the chunk. A model
+        that can compute the last row's logits alone (``Capabilities.logits_from``) computes only that row, the one
+        a whole forward gives, and ``logits()`` then holds it alone. ``features``: as for forward(), one row per
+        prompt token.
         """
         ids = self._checked_tokens(tokens)
         rows_features = self._checked_features(features, len(ids))
@@ -273,7 +275,7 @@ class Sequence:
         step = len(ids) if chunk is None else chunk
         for start in range(0, len(ids), step):
             part = None if rows_features is None else rows_features[start : start + step]
-            rows = self._run(ids[start : start + step], features=part)
+            rows = self._run(ids[start : start + step], features=part, last=True)
         return rows[-1:]
 
     def encode(self, source: Seq[int] | np.ndarray) -> None:
@@ -418,10 +420,11 @@ class Sequence:
         features: np.ndarray | None = None,
         bias_positions: np.ndarray | None = None,
         tree: bool = False,
+        last: bool = False,
     ) -> np.ndarray:
         start = self.length
         begin = time.perf_counter()
-        outputs = self._runner.run(ids, positions, bias, features, bias_positions)
+        outputs = self._runner.run(ids, positions, bias, features, bias_positions, last=last)
         return self._took(start, ids, outputs, begin, tree=tree)
 
     def _took(

@@ -8,6 +8,7 @@ import attrs
 
 from decoctl.errors import ModelLoadError
 from decoctl.model.graph._fed_lengths import FedLengths
+from decoctl.model.graph._logit_rows import LOGITS_FROM
 from decoctl.model.graph._window_bias import WindowBias
 from decoctl.model.kv_cache import graph_dtype
 from decoctl.model.ring_cache import RingLayer
@@ -43,6 +44,8 @@ class Capabilities:
     ``rings``: the layers whose GroupQueryAttention keeps a window-sized ring cache (decoctl.model.ring_cache).
     ``use_cache_branch``: the input that picks a merged decoder's branch (the runner feeds False on an empty cache,
     True after), or None.
+    ``logits_from``: the input that picks the first position whose logits a forward computes (its default 0: all of
+    them), which the loader adds in front of the LM head (decoctl.model.graph._logit_rows), or None.
     """
 
     logits_all_positions: bool
@@ -59,6 +62,7 @@ class Capabilities:
     use_cache_branch: str | None = None
     rings: tuple[RingLayer, ...] = ()
     inputs_embeds: str | None = None
+    logits_from: str | None = None
 
     @property
     def tree(self) -> bool:
@@ -131,6 +135,7 @@ class Capabilities:
             use_cache_branch=USE_CACHE_BRANCH if USE_CACHE_BRANCH in inputs else None,
             rings=rings,
             inputs_embeds=spec.inputs_embeds_name if spec.inputs_embeds_name in inputs else None,
+            logits_from=LOGITS_FROM if seq_dim != 1 and LOGITS_FROM in _overridable(session) else None,
         )
 
 
@@ -167,6 +172,11 @@ def _hybrid_message(spec: ModelSpec, state: NonAttentionState) -> str:
         f"{state.layer_kind} are not supported: run this model with onnxruntime-genai, or use an attention-only "
         "model"
     )
+
+
+def _overridable(session: Any) -> set[str]:
+    """The names of the graph's inputs that have a default (an initializer), which get_inputs() leaves out."""
+    return {i.name for i in session.get_overridable_initializers()}
 
 
 def _feature_size(node: Any, spec: ModelSpec) -> int | None:

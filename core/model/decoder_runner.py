@@ -186,6 +186,8 @@ class DecoderRunner(Runner):
         bias: np.ndarray | None = None,
         features: np.ndarray | None = None,
         bias_positions: np.ndarray | None = None,
+        *,
+        last: bool = False,
     ) -> RunOutputs:
         """Feed ``tokens`` (int64[n]) after the current length: the first-pass decoder when the source's
         cross-attention KV is not computed yet (the first forward after ``encode``), the stepping decoder otherwise,

@@ -18,6 +18,7 @@ from decoctl.model import pipeline as pipelines
 from decoctl.model.capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model.encoder_decoder import Encoder, read_encoder
 from decoctl.model.graph import _fed_lengths as fed_lengths
+from decoctl.model.graph import _logit_rows as logit_rows
 from decoctl.model.graph import _protowire as protowire
 from decoctl.model.graph import _window_bias as window_bias
 from decoctl.model.kv_cache import kv_shape
@@ -119,6 +120,7 @@ def load_model(
     source = rewritten.model if rewritten else _graph_bytes(spec) if spec.layout == "genai" else None
     windowed = _window_in_bias(spec, source, ring_slack) if source is not None else None
     graph = windowed.model if windowed else rewritten.model if rewritten else None
+    graph = _with_logits_from(spec, graph if graph is not None else source) or graph
     rings = _ring_layers(spec, source, windowed, ring_slack)
     _warn_if_window_dropped(spec, source)
     parts = spec.encoder_decoder
@@ -431,6 +433,21 @@ def _window_in_bias(spec: ModelSpec, graph: bytes, ring_slack: int) -> window_bi
         return None
     log.debug("decoctl.window_moved_to_bias", model=str(spec.path), windows=[w.window for w in result.windows])
     return result
+
+
+def _with_logits_from(spec: ModelSpec, graph: bytes | None) -> bytes | None:
+    """The graph with an input that picks the first position its LM head computes (a prompt's forward then computes
+    the last row only: decoctl.model.graph._logit_rows), or None where it stays as it is."""
+    if graph is None:
+        return None
+    try:
+        result = logit_rows.rewrite(graph, spec.logits_name)
+    except ModelLoadError:
+        return None  # not a readable graph: onnxruntime's own load reports it with the file and the fix
+    if isinstance(result, logit_rows.Kept):
+        log.debug("decoctl.logits_from_kept", model=str(spec.path), reason=result.reason)
+        return None
+    return result.model
 
 
 def _without_mask_subgraph(spec: ModelSpec) -> fed_lengths.Rewritten | None:

@@ -228,6 +228,11 @@ class Runner:
             pointer = self._lengths.ctypes.data
             self._fast.bind_input(caps.fed_lengths.seqlens_k, np.int32, [1], pointer)
             self._fast.bind_input(caps.fed_lengths.total_sequence_length, np.int32, [], pointer + 4)
+        # the first position whose logits a run computes (decoctl.model.graph._logit_rows), bound once, rewritten
+        # before every run: 0 (every row) but where the caller wants the last row only
+        self._logits_from = np.zeros(1, np.int64)
+        if caps.logits_from is not None:
+            self._fast.bind_input(caps.logits_from, np.int64, [1], self._logits_from.ctypes.data)
         # a decode step feeds one token through bindings that stay put: when the graph takes nothing per step
         # but the token (and the lengths or mask), step() skips run()'s checks (see step())
         self._steppable = (
@@ -262,9 +267,13 @@ class Runner:
         bias: np.ndarray | None = None,
         features: np.ndarray | None = None,
         bias_positions: np.ndarray | None = None,
+        *,
+        last: bool = False,
     ) -> RunOutputs:
         """Feed ``tokens`` (int64[n]) after the current length; return views of the outputs. ``bias_positions``
-        (int64[w]): the positions of the w slots ``bias`` spans, where they differ from the slots (a tree)."""
+        (int64[w]): the positions of the w slots ``bias`` spans, where they differ from the slots (a tree).
+        ``last``: the caller needs the last position's logits only; a graph that can compute that row alone
+        (``Capabilities.logits_from``) then gives one row, the one the whole forward gives."""
         n = len(tokens)
         past = self.kv.length
         total = past + n
@@ -308,6 +317,10 @@ class Runner:
             self._bind(caps.use_cache_branch, np.bool_, (1,), self._branch_pointer)
         self.kv.bind(self._binding, n)
         logit_rows = n if caps.logits_all_positions else 1
+        if caps.logits_from is not None:
+            skipped = n - 1 if last else 0
+            self._logits_from[0] = skipped
+            logit_rows -= skipped
         logits = self._logits.rows(logit_rows)
         self._bind(
             spec.logits_name,
