@@ -8,14 +8,15 @@ engine.close()                                                                  
 
 Each iteration of the engine's loop (decoctl.generation's loop, with rows that come and go):
 1. completions whose client left are ended and their rows freed;
-2. waiting requests are admitted while rows are free (each completion prefilled into a row of its own, a Host,
-   controller and logits chain of its own over it); with ``prefill_chunk`` a long prompt is fed a chunk a step, so
-   the other rows keep decoding meanwhile;
+2. waiting requests are admitted while rows are free (each completion a row of its own, a Host, controller and
+   logits chain of its own over it); their prompts are fed whole while no row decodes, and otherwise one prompt a
+   chunk a step, the chunk sized by the engine's cost rule (decoctl.serve.join_rule) so that it adds a bounded share
+   to the batched step (``prefill_chunk`` caps every chunk); a prompt's forward computes its last logits only;
 3. each completion advances one step: a controller that can step one row among many (``ControllerSpec.batched``,
    a RowController: greedy, sample) picks its next token from its row's logits and the engine commits it; any other
    controller (a drafting one: speculative, lookahead, EAGLE) runs its own step on its row, verifying in its own
-   forward; a speculating row whose tokens are greedy's joins the batched step when the engine's cost rule
-   (decoctl.serve.join_rule) finds that its steps stall the batch more than they gain;
+   forward; the speculating rows whose tokens are greedy's join the batched step when the cost rule, weighing them
+   all together, finds that their steps stall the others more than they gain;
 4. one ``Rows.step`` feeds the picked tokens of every row still running, in one onnxruntime Run;
 5. what each completion committed goes to its request's ``on_event``.
 A finished completion frees its row at once and the next waiting request takes it. Every completion's output is the
@@ -211,6 +212,8 @@ class _Slot:
     prompt: np.ndarray | None = None
     #: a speculating row whose output is greedy's: the engine's JoinRule may move it into the batched Run
     joinable: bool = False
+    #: its controller and options: the JoinRule judges a new row by the steps of the rows of its kind
+    kind: tuple[str, str] = ("", "")
 
 
 class Engine:
@@ -223,8 +226,8 @@ class Engine:
     :param max_length: positions of each row (default: the model's).
     :param join_rule: when a speculating row joins the batched step (decoctl.serve.join_rule; default its cost rule).
     :param clock: what the join rule's costs are measured with (seconds).
-    :param prefill_chunk: feed prompts in chunks of this many tokens, one chunk an engine step, so that a long prompt
-        delays the other rows' next token by one chunk's forward at most (None: a prompt whole, when admitted).
+    :param prefill_chunk: feed prompts in chunks of at most this many tokens, one chunk an engine step (None: the
+        chunk the join rule's measured costs allow while rows decode, a prompt whole while none does).
     """
 
     def __init__(
@@ -456,18 +459,28 @@ class Engine:
         self._admit()
         stepped: list[int] = []
         tokens: list[int] = []
-        batched_rows = [r for r, s in self._slots.items() if s.batched and s.prompt is None]
+        decoding = [r for r, s in self._slots.items() if s.prompt is None]
+        batched_rows = [r for r in decoding if self._slots[r].batched]
         batch, span = len(batched_rows), max(batched_rows, default=-1) + 1
+        speculating = {s: (r, s.kind) for r, s in self._slots.items() if s.joinable and s.prompt is None}
+        joining = self.join_rule.choose(speculating, batch, span) if speculating else set()
+        # with rows decoding, one prompt takes a chunk a step, of the size the join rule's costs allow; else whole
+        chunks = 1 if decoding else len(self._slots)
         for row, slot in list(self._slots.items()):
             if self._slots.get(row) is not slot:  # ended with another completion of its request
                 continue
             if slot.prompt is not None:
+                if chunks == 0:
+                    continue
+                chunks -= 1
                 try:
-                    self._prefill(slot)
+                    self._prefill(slot, span=max(span, 1) if decoding else None)
                 except Exception as exc:
                     self._fail_request(slot.handle, exc)
-                continue
-            if slot.joinable and self.join_rule.joins(slot, batch, span=span, joined_span=max(span, row + 1)):
+                    continue
+                if slot.prompt is not None:
+                    continue
+            if slot.joinable and slot in joining:
                 pending = self._join(slot)
                 if pending is not None:
                     stepped.append(row)
@@ -508,7 +521,7 @@ class Engine:
         slot.controller.step(host)
         committed = len(host.output_tokens) - before
         if slot.joinable:
-            self.join_rule.observe_step(slot, committed, self._clock() - began)
+            self.join_rule.observe_step(slot, committed, self._clock() - began, slot.kind)
         if committed == 0 and not host.done:
             raise ControllerError(
                 f"controller {slot.handle.plan.spec.name!r} made a step that committed no token and did not finish"
@@ -605,25 +618,24 @@ class Engine:
             started=time.perf_counter(),
         )
         target.attach_images(request.images)
-        if self.prefill_chunk is not None and len(ids) > self.prefill_chunk:
-            slot.prompt = ids  # fed a chunk an engine step (_prefill)
-            return slot
-        try:
-            target.prefill(ids)
-            controller.start(host)
-        except BaseException:
-            self._release(slot)
-            raise
-        slot.forwards_at_decode = target.stats.forwards
-        slot.joinable = _greedy_verifier(slot)
+        slot.prompt = ids  # fed by the engine's steps (_prefill)
+        slot.kind = (plan.spec.name, json.dumps(dict(plan.options), sort_keys=True, default=str))
         return slot
 
-    def _prefill(self, slot: _Slot) -> None:
-        """Feed the next chunk of a completion's prompt; after the last, start its controller."""
-        assert slot.prompt is not None and self.prefill_chunk is not None
+    def _prefill(self, slot: _Slot, span: int | None) -> None:
+        """Feed the next chunk of a completion's prompt: with rows decoding (a batched Run spanning ``span`` rows),
+        the tokens the join rule's costs allow, else the rest (at most ``prefill_chunk`` either way); after the
+        last, start its controller."""
+        assert slot.prompt is not None
         target = slot.host.target
         done = target.length
-        target.prefill(slot.prompt[done : done + self.prefill_chunk])
+        remaining = len(slot.prompt) - done
+        size = remaining if span is None else self.join_rule.prefill_tokens(span, remaining)
+        if self.prefill_chunk is not None:
+            size = min(size, self.prefill_chunk)
+        began = self._clock()
+        target.prefill(slot.prompt[done : done + size])
+        self.join_rule.observe_prefill(size, self._clock() - began)
         if target.length < len(slot.prompt):
             return
         slot.prompt = None

@@ -15,14 +15,35 @@ seconds per step and c its mean tokens per step (over its last ``WINDOW`` steps,
 joins when joining gives more; a lone row (B = 0) joins only against a Run of its span actually measured to beat
 its own steps, which its controller's rule already avoids: alone it keeps its full speedup.
 
+Each step the engine asks ``choose`` about every speculating row at once: several rows that all draft stall each
+other as much as the batch (16 rows verifying one after the other make a step of 16 verify forwards), so the rule
+weighs the rows together. It ranks them by their drafting's tokens a second and takes the split, the best m drafting
+and the others joining, that gives the step the most tokens a second (a split that joins rows must give ``JOIN_GAIN``
+times more, as joining is for good):
+
+    (B + J + sum of c over the m) / (t(S_J) + sum of s over the m)
+
+J the joining rows and S_J the span with them in. A row with fewer than ``MIN_STEPS`` steps of its own is judged by
+the steps of every row of its kind (the same controller and options) the engine has seen, so that under load a new
+request joins at its first step. A Run of a size never measured is priced, before any Run was measured, by a prompt
+forward over as many tokens (the same weights read once, one row a token; optimistic, as that forward computes only
+its last logits: the first Runs measured correct it).
+
 Joining is one-way and exact: the engine feeds the row's pending token in the batched Run and steps it with greedy
-from then on, which commits the tokens the speculating controller would have (it verified greedily).
+from then on, which commits the tokens the speculating controller would have (it verified greedily). (Drafting again
+later would need the controller to learn the tokens committed without it.)
+
+Prompts: a prompt's forward stalls the batched rows as a drafting step does. With rows decoding, the engine feeds
+one prompt a chunk a step, of ``prefill_tokens`` tokens: as many as fit in ``PREFILL_SHARE`` of the batched Run's
+measured seconds, priced from the prompt forwards measured so far (by size, as Runs are), and at least as many as
+fit in ``MIN_CHUNK`` one-token prompt forwards (a forward's fixed cost, reading the weights, would make smaller chunks
+mostly waste). With no row decoding, a prompt goes in whole.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 
 __all__ = ["JoinRule"]
 
@@ -32,6 +53,15 @@ WINDOW = 16
 MIN_STEPS = 4
 #: batched Runs per size the rule averages over
 RUNS_KEPT = 32
+#: steps of every row of a kind the rule averages over, for the rows with too few steps of their own
+KIND_WINDOW = 64
+#: the share of a batched Run's seconds a step may add to it with a prompt's chunk
+PREFILL_SHARE = 0.25
+#: the smallest chunk costs up to this many one-token prompt forwards
+MIN_CHUNK = 1.2
+#: joining is one-way: a split that joins rows must give this many times the tokens a second of the best split that
+#: keeps them drafting (a lone row whose plain steps cost about what a one-row Run does keeps its speedup)
+JOIN_GAIN = 1.2
 
 
 class JoinRule:
@@ -39,51 +69,114 @@ class JoinRule:
 
     def __init__(self) -> None:
         self._runs: dict[int, collections.deque[float]] = {}
+        self._prefills: dict[int, collections.deque[float]] = {}
         self._steps: dict[Hashable, collections.deque[tuple[int, float]]] = {}
+        self._kinds: dict[Hashable, collections.deque[tuple[int, float]]] = {}
 
     def observe_run(self, rows: int, seconds: float) -> None:
         """A batched Run spanning ``rows`` rows took ``seconds``."""
         self._runs.setdefault(rows, collections.deque(maxlen=RUNS_KEPT)).append(seconds)
 
-    def observe_step(self, row: Hashable, tokens: int, seconds: float) -> None:
-        """Speculating row ``row`` committed ``tokens`` in a step of ``seconds``."""
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """A prompt's forward over ``tokens`` tokens took ``seconds``."""
+        self._prefills.setdefault(tokens, collections.deque(maxlen=RUNS_KEPT)).append(seconds)
+
+    def observe_step(self, row: Hashable, tokens: int, seconds: float, kind: Hashable = None) -> None:
+        """Speculating row ``row`` (of ``kind``: its controller and options) committed ``tokens`` in a step of
+        ``seconds``."""
         self._steps.setdefault(row, collections.deque(maxlen=WINDOW)).append((tokens, seconds))
+        self._kinds.setdefault(kind, collections.deque(maxlen=KIND_WINDOW)).append((tokens, seconds))
 
     def forget(self, row: Hashable) -> None:
         self._steps.pop(row, None)
 
     def run_seconds(self, rows: int) -> float | None:
-        """t(rows): measured, or priced from the nearest measured sizes; None before any Run was measured."""
+        """t(rows): measured, or priced from the nearest measured sizes; before any Run was measured, a prompt
+        forward over ``rows`` tokens; None before either."""
         if rows <= 0:
             return 0.0
-        measured = {n: sum(times) / len(times) for n, times in self._runs.items() if times}
-        if rows in measured:
-            return measured[rows]
-        if not measured:
-            return None
-        nearest = sorted(measured, key=lambda n: (abs(n - rows), n))[:2]
-        if len(nearest) == 1:
-            n = nearest[0]
-            return measured[n] * rows / n
-        (a, ta), (b, tb) = sorted((n, measured[n]) for n in nearest)
-        slope = max(0.0, (tb - ta) / (b - a))
-        return max(0.0, ta + slope * (rows - a))
+        return _priced(self._runs, rows) or _priced(self._prefills, rows)
 
-    def joins(self, row: Hashable, batch_rows: int, *, span: int | None = None, joined_span: int | None = None) -> bool:
-        """Whether speculating row ``row`` should join a batched Run stepping ``batch_rows`` other rows now; ``span``
-        and ``joined_span``: the rows that Run computes without and with it (default: the rows it steps)."""
+    def prefill_seconds(self, tokens: int) -> float | None:
+        """A prompt forward over ``tokens`` tokens: measured, or priced from the nearest measured sizes; None
+        before any was measured."""
+        return _priced(self._prefills, tokens) if tokens > 0 else 0.0
+
+    def prefill_tokens(self, span: int, remaining: int) -> int:
+        """How many of a prompt's ``remaining`` tokens to feed in a step whose batched Run spans ``span`` rows (see
+        the module docstring): all of them before a Run and a prompt forward were measured."""
+        run = _priced(self._runs, span)
+        one = self.prefill_seconds(1)
+        if run is None or not one:
+            return remaining
+        allowance = max(PREFILL_SHARE * run, MIN_CHUNK * one)
+        tokens = 1
+        while tokens < remaining and (self.prefill_seconds(tokens + 1) or 0.0) <= allowance:
+            tokens += 1
+        return tokens
+
+    def estimate(self, row: Hashable, kind: Hashable = None) -> tuple[float, float] | None:
+        """A speculating row's mean (tokens, seconds) a step: its own, or its kind's while it has too few."""
         steps = self._steps.get(row)
         if steps is None or len(steps) < MIN_STEPS:
-            return False
+            steps = self._kinds.get(kind)
+        if steps is None or len(steps) < MIN_STEPS:
+            return None
+        return sum(t for t, _ in steps) / len(steps), sum(s for _, s in steps) / len(steps)
+
+    def choose(self, rows: Mapping[Hashable, tuple[int, Hashable]], batch_rows: int, span: int) -> set[Hashable]:
+        """Which speculating rows join a batched Run stepping ``batch_rows`` other rows over ``span`` rows now:
+        ``rows`` maps each to (its row index, its kind). See the module docstring."""
+        judged = []
+        for key, (index, kind) in rows.items():
+            estimate = self.estimate(key, kind)
+            if estimate is not None and estimate[1] > 0:
+                judged.append((estimate[0] / estimate[1], index, key, *estimate))
+        judged.sort(key=lambda j: (-j[0], -j[1]))  # the rows whose drafting pays most first; ties: the higher row
+        best, joining = 0.0, len(judged)
+        tokens = sum(j[3] for j in judged)
+        seconds = sum(j[4] for j in judged)
+        top = span
+        # m = len(judged) (every row drafting) down to 0 (every row joining); a tie keeps the rows drafting
+        for m in range(len(judged), -1, -1):
+            if m < len(judged):
+                _, index, _, c, s = judged[m]
+                tokens, seconds, top = tokens - c, seconds - s, max(top, index + 1)
+            joined = len(judged) - m
+            if batch_rows == 0 and joined == 1 and top not in self._runs:
+                continue  # a lone row joins only against such a Run actually measured
+            run = self.run_seconds(top) if batch_rows + joined else 0.0
+            if run is None:
+                continue
+            total = run + seconds
+            rate = (batch_rows + joined + tokens) / total if total > 0 else 0.0
+            if joined:
+                rate /= JOIN_GAIN
+            if rate > best:
+                best, joining = rate, m
+        return {j[2] for j in judged[joining:]}
+
+    def joins(self, row: Hashable, batch_rows: int, *, span: int | None = None, joined_span: int | None = None) -> bool:
+        """Whether speculating row ``row``, the only one, should join a batched Run stepping ``batch_rows`` other
+        rows now; ``span`` and ``joined_span``: the rows that Run computes without and with it (default: the rows it
+        steps)."""
         span = batch_rows if span is None else span
         joined_span = batch_rows + 1 if joined_span is None else joined_span
-        if batch_rows == 0 and joined_span not in self._runs:  # alone: only against such a Run actually measured
-            return False
-        joined, alone = self.run_seconds(joined_span), self.run_seconds(span)
-        if joined is None or alone is None or joined <= 0:
-            return False
-        tokens = sum(t for t, _ in steps) / len(steps)
-        seconds = sum(s for _, s in steps) / len(steps)
-        stay = (batch_rows + tokens) / (alone + seconds)
-        join = (batch_rows + 1) / joined
-        return join > stay
+        return row in self.choose({row: (joined_span - 1, None)}, batch_rows, span)
+
+
+def _priced(measured: Mapping[int, collections.deque[float]], size: int) -> float | None:
+    """The mean seconds of ``size``, or priced on the line through the nearest two measured sizes (proportionally
+    from one); None where nothing is measured."""
+    means = {n: sum(times) / len(times) for n, times in measured.items() if times}
+    if size in means:
+        return means[size]
+    if not means:
+        return None
+    nearest = sorted(means, key=lambda n: (abs(n - size), n))[:2]
+    if len(nearest) == 1:
+        n = nearest[0]
+        return means[n] * size / n
+    (a, ta), (b, tb) = sorted((n, means[n]) for n in nearest)
+    slope = max(0.0, (tb - ta) / (b - a))
+    return max(0.0, ta + slope * (size - a))

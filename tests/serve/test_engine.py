@@ -45,15 +45,15 @@ class BrokenPlugin:
 class Never(JoinRule):
     """A join rule that keeps every speculating row drafting."""
 
-    def joins(self, row: Any, batch_rows: int, **spans: int | None) -> bool:
-        return False
+    def choose(self, rows: Any, batch_rows: int, span: int) -> set[Any]:
+        return set()
 
 
 class AfterTwoSteps(JoinRule):
     """A join rule that moves a speculating row into the batched step after its second step."""
 
-    def joins(self, row: Any, batch_rows: int, **spans: int | None) -> bool:
-        return len(self._steps.get(row, ())) >= 2
+    def choose(self, rows: Any, batch_rows: int, span: int) -> set[Any]:
+        return {row for row in rows if len(self._steps.get(row, ())) >= 2}
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decoctl.serve.join_rule import MIN_STEPS, JoinRule
+from decoctl.serve.join_rule import MIN_CHUNK, MIN_STEPS, PREFILL_SHARE, JoinRule
 
 
 def rule_with(runs: dict[int, float], steps: tuple[int, float] | None = None, count: int = MIN_STEPS) -> JoinRule:
@@ -53,3 +53,57 @@ def test_a_run_is_priced_by_the_rows_it_computes_not_the_rows_it_steps() -> None
     rule = rule_with({2: 1.0, 8: 3.0}, steps=(1, 1.2))
     assert rule.joins("row", 2, span=2, joined_span=3)  # next to the batch: (2 + 1) / 1.33 against 3 / 2.2
     assert not rule.joins("row", 2, span=2, joined_span=8)  # far above it: 3 / 3.0 against 3 / 2.2
+
+
+def test_speculating_rows_with_no_batch_join_together_when_a_run_of_them_gives_more() -> None:
+    # 4 rows drafting alone: 4 steps of 2 units for 2.5 tokens each (10 / 8); joined, one Run of 4 rows: 4 / 1.6
+    rule = rule_with({1: 1.0, 4: 1.6})
+    for row in range(4):
+        for _ in range(MIN_STEPS):
+            rule.observe_step(row, 2.5, 2.0)
+    assert rule.choose({row: (row, None) for row in range(4)}, 0, 0) == {0, 1, 2, 3}
+
+
+def test_a_new_row_is_judged_by_the_steps_of_its_kind() -> None:
+    rule = rule_with({8: 3.0, 9: 3.2})
+    for _ in range(MIN_STEPS):
+        rule.observe_step("old", 2, 1.5, "lookup")
+    assert rule.choose({"new": (8, "lookup")}, 8, 8) == {"new"}
+    assert rule.choose({"new": (8, "other")}, 8, 8) == set()  # no steps of its kind yet: it drafts
+
+
+def test_the_rows_whose_drafting_pays_most_keep_drafting() -> None:
+    # a batch of 2 rows (Run of 3 rows: 1.2, of 4: 1.3); row "good" commits 6 tokens a step of 1 unit, "poor" 1.2
+    rule = rule_with({2: 1.1, 3: 1.2, 4: 1.3})
+    for _ in range(MIN_STEPS):
+        rule.observe_step("good", 6, 1.0)
+        rule.observe_step("poor", 1.2, 1.0)
+    assert rule.choose({"good": (2, None), "poor": (3, None)}, 2, 2) == {"poor"}
+
+
+def test_runs_are_priced_by_prompt_forwards_before_any_run_was_measured() -> None:
+    rule = JoinRule()
+    rule.observe_prefill(8, 2.0)
+    assert rule.run_seconds(4) == pytest.approx(1.0)
+
+
+def test_a_prompt_is_fed_whole_until_costs_are_measured() -> None:
+    assert JoinRule().prefill_tokens(8, 100) == 100
+    rule = JoinRule()
+    rule.observe_run(8, 3.0)
+    assert rule.prefill_tokens(8, 100) == 100  # no prompt forward measured yet
+
+
+def test_a_prompt_chunk_fits_in_a_share_of_the_batched_run() -> None:
+    rule = rule_with({8: 3.1})
+    rule.observe_prefill(1, 0.5)
+    rule.observe_prefill(11, 1.5)  # 0.5 + 0.1 a token
+    assert rule.prefill_tokens(8, 100) == int((PREFILL_SHARE * 3.1 - 0.5) / 0.1) + 1
+    assert rule.prefill_tokens(8, 3) == 3
+
+
+def test_a_prompt_chunk_is_never_smaller_than_a_few_one_token_forwards_allow() -> None:
+    rule = rule_with({1: 0.5})  # a share of this Run is less than one prompt forward
+    rule.observe_prefill(1, 0.5)
+    rule.observe_prefill(11, 0.9)  # 0.5 + 0.04 a token
+    assert rule.prefill_tokens(1, 100) == int((MIN_CHUNK * 0.5 - 0.5) / 0.04) + 1 > 1
