@@ -87,8 +87,8 @@ PRIOR_SLOPE = 0.1
 #: zero-draft choices in a row before the cost rule probes drafting again; the wait doubles after every probe
 PROBE_AFTER = 8
 #: the longest wait between probes
-PROBE_AFTER_MOST = 256
-#: a probe waits while what drafting has lost in this generation is above this fraction of its time
+PROBE_AFTER_MOST = 1024
+#: a probe waits while what drafting has lost so far is above this fraction of the time measured
 PROBE_BUDGET = 0.01
 #: drafting steps the gate judges by (the latest ones, at least this many, at most twice as many)
 JUDGE_AFTER = 8
@@ -133,6 +133,10 @@ class DraftLength:
         ``accepted`` of them kept; ``draft_seconds`` spent drafting them after a catch-up that fed the drafter
         ``catch_up_rows`` committed tokens in ``catch_up_seconds`` (0 rows: none). For a drafter whose catch-up gives
         its first draft, ``catch_up_seconds`` include drafting that one and ``draft_seconds`` cover the rest."""
+
+    def plain_now(self) -> bool:
+        """Whether the next step is plain without asking ``choose``: never, for a fixed length or a schedule."""
+        return False
 
     def restart(self) -> None:
         """A new generation on the same model (an adaptive rule keeps what it measured)."""
@@ -281,6 +285,15 @@ class DraftGate:
         self.stops = self.probes = 0
         self._lost_here = 0.0
 
+    def plain_now(self) -> bool:
+        """Whether the next step is plain whatever the caller's rule would say (drafting stopped, no trial, no probe
+        due, the unit timed): then it counts that step as ``drafts()`` would, and the caller prices nothing."""
+        probe_due = self._zeros >= self._wait and self._lost <= PROBE_BUDGET * self._total
+        if self.stopped and not self._trial and not probe_due and not self.cold and self._plain:
+            self._zeros += 1
+            return True
+        return False
+
     def drafts(self, wanted: bool = True) -> bool:
         """Whether the next step drafts: ``wanted`` and not stopped; or a probe that is due."""
         if not self.ready or self._in_a_row >= REFRESH_EVERY:
@@ -365,6 +378,15 @@ class CostAwareLength(DraftLength):
     @property
     def probes(self) -> int:
         return self.gate.probes
+
+    def plain_now(self) -> bool:
+        """Whether the next step is plain without asking ``choose`` (its gate has stopped drafting and no probe is
+        due): a drafting controller then takes a plain step and prices nothing."""
+        if self.low == 0 and self.gate.plain_now():
+            self.value = 0
+            self.chosen[0] = self.chosen.get(0, 0) + 1
+            return True
+        return False
 
     def restart(self) -> None:
         """A new generation: its first step is plain again (cold); costs, acceptance and the gate's verdict stay,

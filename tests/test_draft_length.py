@@ -411,3 +411,27 @@ def test_a_single_draft_after_a_catch_up_adds_no_draft_step_cost() -> None:
     rule = head_rule()
     drafting(rule, 10, drafted=1, accepted=1, verify_ms=1.2, step_ms=0.3, catch_up_ms=0.1)
     assert rule.stats()["draft_step_cost"] == 0.0
+
+
+def test_plain_now_skips_exactly_the_steps_drafts_would_make_plain() -> None:
+    """A controller that asks plain_now() first (and drafts() only when it says no) probes on the same steps as
+    one that asks drafts() every step."""
+    schedules = []
+    for ask_first in (False, True):
+        gate = timed_gate()
+        run(gate, JUDGE_AFTER, draft_ms=1.01, committed=1)  # stopped
+        assert gate.stopped
+        drafted = []
+        for _ in range(8 * PROBE_AFTER):
+            drafts = False if ask_first and gate.plain_now() else gate.drafts(wanted=True)
+            gate.observe(drafted=drafts, committed=1, seconds=1.01e-3 if drafts else 1e-3)
+            drafted.append(drafts)
+        schedules.append([i for i, d in enumerate(drafted) if d])
+    assert schedules[0] == schedules[1] == [PROBE_AFTER, 3 * PROBE_AFTER + 1, 7 * PROBE_AFTER + 2]
+
+
+def test_a_gate_that_has_not_stopped_never_skips_the_rule() -> None:
+    gate = timed_gate()
+    assert not gate.plain_now()
+    rule = CostAwareLength(1, 0, 8)
+    assert not rule.plain_now()  # not timed yet: the rule itself says plain

@@ -338,7 +338,7 @@ class Eagle:
         assert self.length is not None  # every chain controller has its rule
         clock = self.clock
         began = clock()
-        k = self.length.choose(bucket=0, cap=self._chain_room(host), backlog=self._catch_up_rows())
+        k = 0 if self.length.plain_now() else self.length.choose(0, self._chain_room(host), self._catch_up_rows())
         if not k:  # a plain target step: no head, no drafting bookkeeping (it runs where drafting does not pay)
             verifying = clock()
             token = self.verifier.plain(host)

@@ -113,9 +113,12 @@ class Speculative:
         )
 
     def step(self, host: Host) -> None:
-        cap = min(self.k.high, self.verifier.room(host))
         clock = self.clock
         began = clock()
+        if self.k.plain_now():  # drafting stopped, no probe due: nothing to propose or price
+            self._plain(host, began)
+            return
+        cap = min(self.k.high, self.verifier.room(host))
         context = self._context[: self._length]
         if self.drafter.model_free:  # drafting is free: take every candidate, then verify as many as pay
             drafts, q = self.drafter.propose(host, context, cap) if cap > 0 else ([], None)
@@ -125,21 +128,7 @@ class Speculative:
             k = self.k.choose(self.drafter.bucket, cap, backlog=self.drafter.backlog(context))
             drafts, q = self.drafter.propose(host, context, k) if k > 0 else ([], None)
         if not drafts:  # a plain step, as lean as greedy's (where drafting does not pay, most steps are these)
-            verifying = clock()
-            token = self.verifier.plain(host)
-            verified = clock()
-            self.draft_seconds += verifying - began
-            self.verify_seconds += verified - verifying
-            self.k.observe(
-                bucket=self.drafter.bucket,
-                drafted=0,
-                accepted=0,
-                verify_seconds=verified - verifying,
-                draft_seconds=verifying - began,
-            )
-            if not host.done:
-                self._context[self._length] = token
-                self._length += 1
+            self._plain(host, began)
             return
         q = None if q is None else q[: len(drafts)]
         drafted = clock()
@@ -162,6 +151,25 @@ class Speculative:
         new = verdict.tokens
         self._context[self._length : self._length + len(new)] = new
         self._length += len(new)
+
+    def _plain(self, host: Host, began: float) -> None:
+        """A step that drafts nothing (``Verifier.plain``), timed for the rule; ``began``: when the step began."""
+        clock = self.clock
+        verifying = clock()
+        token = self.verifier.plain(host)
+        verified = clock()
+        self.draft_seconds += verifying - began
+        self.verify_seconds += verified - verifying
+        self.k.observe(
+            bucket=self.drafter.bucket,
+            drafted=0,
+            accepted=0,
+            verify_seconds=verified - verifying,
+            draft_seconds=verifying - began,
+        )
+        if not host.done:
+            self._context[self._length] = token
+            self._length += 1
 
     def _length_rule(self) -> str:
         return self._options["length_rule"] if self._options["adaptive"] else "fixed"
