@@ -33,7 +33,8 @@ that drafted with the seconds of a plain step, both measured in this generation,
 only) as soon as drafting turns out slower, whatever the cost model says (a machine where a multi-token forward is
 dear, a drafter that the target keeps overruling, host work the model does not see). Stopped, it probes: after
 ``PROBE_AFTER`` plain steps in a row it drafts once anyway, and only while what drafting has lost so far in the
-generation is within ``PROBE_BUDGET`` of its time; the wait doubles after each probe, up to ``PROBE_AFTER_MOST``,
+generation is within ``PROBE_BUDGET`` of its time; the wait doubles after each probe (and is at least the plain steps
+whose time, at ``PROBE_BUDGET``, pays for what the probe lost), up to ``PROBE_AFTER_MOST``,
 and starts again from ``PROBE_AFTER`` once drafting pays. A probe that pays resumes drafting on trial: the next
 ``JUDGE_AFTER`` steps draft whatever the cost model says, and their time decides again. So drafting costs at
 most a few percent more than greedy decoding where it never pays, and pays where it does. A drafter that stands
@@ -325,7 +326,10 @@ class DraftGate:
         self._lost_here += lost
         if self._probing:
             self._probing = False
-            self._wait = min(2 * self._wait, PROBE_AFTER_MOST)
+            # the next probe waits twice as long, and at least the plain steps whose time the budget would give
+            # to losing what this one lost
+            priced = int(lost / (PROBE_BUDGET * self.unit)) if self.unit and lost > 0 else 0
+            self._wait = min(max(2 * self._wait, priced), PROBE_AFTER_MOST)
             if lost >= 0:
                 return
             # drafting pays again, here at least: draft on trial until the latest steps can judge it afresh

@@ -62,6 +62,7 @@ from decoctl import CapabilityError, ConfigError, Host, Option
 from decoctl.draft_length import DraftLength, draft_length
 from decoctl.logs import get_logger
 from decoctl.verify import DraftTree, Verdict, Verifier, draw, log_probabilities, probabilities
+from decoctl_eagle.backlog import Backlog
 from decoctl_eagle.drafts import Candidates
 
 __all__ = ["HEAD", "OPTIONS", "Eagle", "capabilities_for", "check_options", "scratch_for"]
@@ -256,9 +257,7 @@ class Eagle:
         self._hidden = 0
         #: head positions fed the target's own features; the pairs after them wait in the backlog
         self._synced = 0
-        self._backlog_tokens: list[np.ndarray] = []
-        self._backlog_features: list[np.ndarray] = []
-        self._backlog = 0
+        self._pairs = Backlog(1, self.catch_up_most)  # sized for the target's features in start()
         self._debug = False
         self.committed = self.largest_tree = self.stopped_unsure = 0
         self.catch_ups = self.caught_up_rows = 0
@@ -273,6 +272,7 @@ class Eagle:
         prompt = host.prompt_tokens
         self._hidden = target.hidden_states().shape[1]
         self._taps = _taps_width(target, head, self._hidden)
+        self._pairs = Backlog(self._taps + self._hidden if self._taps else self._hidden, self.catch_up_most)
         features = self._features(target)
         if len(features) < len(prompt):
             # a chunked prefill keeps the last chunk's hidden states only: run the prompt again for the rest
@@ -349,7 +349,7 @@ class Eagle:
             self.verify_seconds += verified - verifying
             self.committed += 1
             if not host.done:  # the pair for the head's next catch-up: the pending token's features and the token
-                self._defer((token,), self._features(host.target, slice(0, 1)))
+                self._defer_one(host.target, token)
             return
         rows = self.catch_up(host)
         caught = clock()
@@ -378,7 +378,7 @@ class Eagle:
         clock = self.clock
         began = clock()
         room = self.verifier.room(host)
-        drafting = min(self.nodes, room) > 0 and self._synced + self._backlog > 0
+        drafting = min(self.nodes, room) > 0 and self._synced + len(self._pairs) > 0
         rows = self.catch_up(host) if drafting else 0
         caught = clock()
         tree = self._draft_tree(host, room) if drafting else Candidates().tree(self.verifier.pending, 0)
@@ -479,17 +479,20 @@ class Eagle:
     # -- the head ----------------------------------------------------------------------------------------------
     def _defer(self, tokens: Any, features: np.ndarray) -> None:
         """Keep pairs of true features and the tokens after them for the head's next catch-up."""
-        self._backlog_tokens.append(np.asarray(tokens, np.int64))
-        self._backlog_features.append(features)
-        self._backlog += len(features)
-        most = self.catch_up_most
-        while most and len(self._backlog_tokens) > 1 and self._backlog - len(self._backlog_tokens[0]) >= most:
-            self._backlog -= len(self._backlog_tokens.pop(0))  # older than any catch-up will feed
-            self._backlog_features.pop(0)
+        self._pairs.add(np.asarray(tokens, np.int64), features)
+
+    def _defer_one(self, target: Any, token: int) -> None:
+        """_defer of a plain step's one pair, its feature row written in place from the target's last forward."""
+        row = self._pairs.add_one(token)
+        if self._taps:
+            row[: self._taps] = target.hidden_states(kind="aux")[0]
+            row[self._taps :] = 0.0
+        else:
+            row[:] = target.hidden_states()[0]
 
     def _catch_up_rows(self) -> int:
         """The rows the next catch-up feeds: the backlog, or its latest ``catch_up_most`` pairs."""
-        return min(self._backlog, self.catch_up_most) if self.catch_up_most else self._backlog
+        return self._pairs.rows
 
     def catch_up(self, host: Host) -> int:
         """Bring the head up to the committed context now (a step does it before it drafts): drop what it guessed
@@ -502,11 +505,9 @@ class Eagle:
             return 0
         head = host[HEAD]
         head.rewind(self._synced)
-        tokens, features = self._backlog_tokens, self._backlog_features
-        if len(tokens) > 1:
-            tokens, features = [np.concatenate(tokens)], [np.concatenate(features)]
-        head.prefill(tokens[0][-rows:], host.prefill_chunk, features=features[0][-rows:])
-        self._backlog_tokens, self._backlog_features, self._backlog = [], [], 0
+        tokens, features = self._pairs.latest()
+        head.prefill(tokens, host.prefill_chunk, features=features)
+        self._pairs.clear()
         self._synced = head.length
         self.catch_ups += 1
         self.caught_up_rows += rows
