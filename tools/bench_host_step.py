@@ -7,6 +7,8 @@
     .venv/bin/python tools/bench_host_step.py chain MODEL "top_k=40,top_p=0.95,temperature=0.8"   # per processor
     .venv/bin/python tools/bench_host_step.py layers MODEL       # generate() vs a bare Sequence loop vs ort-genai
     .venv/bin/python tools/bench_host_step.py heads TARGET --head HEAD   # an EAGLE head's step, narrowed variants
+    .venv/bin/python tools/bench_host_step.py outside-run pycode --prompts examples/real_model_prompts.jsonl
+                                                   # each strategy's host work outside onnxruntime's Run, a token
 
 Runs with decoctl's own venv, one intra-op thread. Each mode alternates its contenders round by round and prints
 medians (microseconds or milliseconds a step), so drift in machine load hits all alike; run it on a quiet machine.
@@ -244,13 +246,59 @@ def heads(target: str, head: str, rounds: int) -> None:
         print(f"{name}: {value:.0f} us a step")
 
 
+def outside_run(model: str, prompts_file: str, rounds: int) -> None:
+    """Greedy and the drafting strategies with their defaults on ``model`` (its bundled draft and head roles),
+    96 new tokens a prompt after a warm-up pass: the microseconds a committed token spends outside onnxruntime's
+    Run (host, controller, Python), the Runs a token and the Run milliseconds a token."""
+    from decoctl.model import runner as runner_module
+
+    spent = [0.0, 0]
+    run = runner_module.Runner.run
+
+    def timed(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        began = time.perf_counter()
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - began
+            spent[1] += 1
+
+    prompts = [json.loads(line)["prompt"] for line in Path(prompts_file).read_text(encoding="utf-8").splitlines()]
+    contenders = {
+        "greedy": ({"target": model}, "greedy", {}),
+        "speculative": ({"target": model, "draft": f"{model}-draft"}, "speculative", {}),
+        "prompt lookup": ({"target": model}, "speculative", {"drafter": "prompt-lookup"}),
+        "lookahead": ({"target": model}, "lookahead", {}),
+        "eagle": ({"target": model, "eagle": f"{model}-eagle"}, "eagle", {}),
+    }
+    runner_module.Runner.run = timed  # type: ignore[method-assign]
+    try:
+        for name, (roles, controller, options) in contenders.items():
+            generator = Generator(roles, controller, options=options, threads=1)
+            for prompt in prompts:
+                generator.generate(prompt, max_new_tokens=96)
+            spent[:] = [0.0, 0]
+            tokens, began = 0, time.perf_counter()
+            for _ in range(rounds):
+                for prompt in prompts:
+                    tokens += len(generator.generate(prompt, max_new_tokens=96).tokens)
+            wall = time.perf_counter() - began
+            print(
+                f"{name:14s} {tokens / wall:7.1f} tok/s  Runs a token {spent[1] / tokens:.3f}  Run ms a token "
+                f"{spent[0] / tokens * 1e3:.3f}  outside Run {(wall - spent[0]) / tokens * 1e6:6.1f} us a token"
+            )
+    finally:
+        runner_module.Runner.run = run  # type: ignore[method-assign]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("sessions", "fast-path", "lengths", "chain", "layers", "heads"))
+    parser.add_argument("mode", choices=("sessions", "fast-path", "lengths", "chain", "layers", "heads", "outside-run"))
     parser.add_argument("--head", help="heads: an exported EAGLE head folder")
     parser.add_argument("model")
     parser.add_argument("processors", nargs="?", default="top_k=40,top_p=0.95,temperature=0.8")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--prompts", default="examples/real_model_prompts.jsonl", help="outside-run: a prompts file")
     args = parser.parse_args()
     if args.mode == "sessions":
         sessions(args.model, args.rounds)
@@ -262,6 +310,8 @@ def main() -> None:
         heads(args.model, args.head, max(args.rounds, 8))
     elif args.mode == "layers":
         layers(args.model, max(args.rounds, 14))
+    elif args.mode == "outside-run":
+        outside_run(args.model, args.prompts, min(args.rounds, 3))
     else:
         chain(args.model, args.processors, args.rounds)
 
