@@ -43,6 +43,11 @@ class Controller(Protocol):
       ``stats.controller``.
     - ``next_token(host) -> int`` (default: none): the token ``step`` would commit next, read from the last row of
       ``host.target.logits()``; with it, batched prompts step this controller's prompts together (RowController).
+    - ``resume(host)`` (default: none): take the generation back after another controller stepped it, which left
+      the last committed token in the target's KV cache and its logits ready (greedy's state); the controller
+      rebuilds what it keeps of the context from ``host.prompt_tokens`` and ``host.output_tokens``. With it,
+      ``decoctl serve`` moves a speculating row that verifies greedily into its batched one-token step and back,
+      step by step, as its measured costs say; without it, such a move is for good.
 
     A controller class given to a Generator (or as ``file.py:Class``) may also say, as class attributes, what a
     plugin's ControllerSpec says: ``roles``, ``capabilities``, ``options`` (its Option schema, checked before it is

@@ -210,8 +210,10 @@ class _Slot:
     forwards_at_decode: int = 0
     #: the prompt tokens still to prefill, a chunk an engine step (with the engine's prefill_chunk); None once in
     prompt: np.ndarray | None = None
-    #: a speculating row whose output is greedy's: the engine's JoinRule may move it into the batched Run
+    #: a speculating row whose output is greedy's: the engine's JoinRule moves it into the batched Run and back
     joinable: bool = False
+    #: while greedy steps a joined row in the batched Run: its drafting controller, kept to take the row back
+    parked: Any = None
     #: its controller and options: the JoinRule judges a new row by the steps of the rows of its kind
     kind: tuple[str, str] = ("", "")
 
@@ -282,6 +284,7 @@ class Engine:
         self.completions = 0
         self.cancelled = 0
         self.joined = 0
+        self.resumed = 0
         self.join_rule = join_rule or JoinRule()
         self._clock = clock
 
@@ -460,10 +463,18 @@ class Engine:
         stepped: list[int] = []
         tokens: list[int] = []
         decoding = [r for r, s in self._slots.items() if s.prompt is None]
-        batched_rows = [r for r in decoding if self._slots[r].batched]
-        batch, span = len(batched_rows), max(batched_rows, default=-1) + 1
         speculating = {s: (r, s.kind) for r, s in self._slots.items() if s.joinable and s.prompt is None}
-        joining = self.join_rule.choose(speculating, batch, span) if speculating else set()
+        batched_rows = [r for r in decoding if self._slots[r].batched and self._slots[r] not in speculating]
+        batch, span = len(batched_rows), max(batched_rows, default=-1) + 1
+        joining: set[Any] = set()
+        if speculating:
+            joining = self.join_rule.choose(
+                speculating,
+                batch,
+                span,
+                batched={s for s in speculating if s.batched},
+                final={s for s in speculating if not _resumable(s)},
+            )
         # with rows decoding, one prompt takes a chunk a step, of the size the join rule's costs allow; else whole
         chunks = 1 if decoding else len(self._slots)
         for row, slot in list(self._slots.items()):
@@ -478,14 +489,16 @@ class Engine:
                 except Exception as exc:
                     self._fail_request(slot.handle, exc)
                     continue
-                if slot.prompt is not None:
-                    continue
-            if slot.joinable and slot in joining:
+                if slot.prompt is not None or slot.joinable:
+                    continue  # a speculating row's first step is the join rule's to place, with the others'
+            if slot.joinable and not slot.batched and slot in joining:
                 pending = self._join(slot)
                 if pending is not None:
                     stepped.append(row)
                     tokens.append(pending)
                     continue
+            elif slot.joinable and slot.batched and slot not in joining:
+                self._resume(slot)
             try:
                 token = self._advance(slot)
             except Exception as exc:
@@ -534,17 +547,36 @@ class Engine:
 
     def _join(self, slot: _Slot) -> int | None:
         """Move a speculating row into the batched step: its pending token (committed, not yet in the target's KV,
-        as a verifying controller leaves it) is fed in this step's Run and greedy steps it from then on. None (and
-        the row keeps its controller) when its KV is not in that state."""
-        slot.joinable = False
-        self.join_rule.forget(slot)
+        as a verifying controller leaves it) is fed in this step's Run and greedy steps it until ``_resume``; a
+        controller without ``resume`` joins for good. None (and the row keeps its controller for good) when its KV
+        is not in that state."""
         host = slot.host
         output = host.output_tokens
-        if not len(output) or host.target.length != len(host.prompt_tokens) + len(output) - 1:
+        if host.target.length != len(host.prompt_tokens) + len(output) - 1:
+            slot.joinable = False
+            self.join_rule.forget(slot)
             return None
+        if _resumable(slot):
+            slot.parked = slot.controller
+        else:
+            slot.joinable = False
+            self.join_rule.forget(slot)
         slot.controller, slot.batched = Greedy(), True
         self.joined += 1
-        return int(output[-1])
+        return int(output[-1] if output else host.prompt_tokens[-1])
+
+    def _resume(self, slot: _Slot) -> None:
+        """Give a joined row back to its drafting controller (``resume``): the batched Run left its last committed
+        token in the target's KV, which the controller makes pending again. When the KV is not in that state the
+        row stays batched for good."""
+        host = slot.host
+        if slot.parked is None or host.target.length != len(host.prompt_tokens) + len(host.output_tokens):
+            slot.joinable = False
+            self.join_rule.forget(slot)
+            return
+        slot.parked.resume(host)
+        slot.controller, slot.parked, slot.batched = slot.parked, None, False
+        self.resumed += 1
 
     def _admit(self) -> None:
         while True:
@@ -729,6 +761,12 @@ def _greedy_verifier(slot: _Slot) -> bool:
     """Whether a completion's controller drafts and verifies greedily (it records so in the trace, as decoctl's
     drafting controllers do): its tokens are greedy's, so greedy may take its row over."""
     return not slot.batched and slot.host.trace.get("acceptance") == "greedy-exact-match"
+
+
+def _resumable(slot: _Slot) -> bool:
+    """Whether a speculating row's drafting controller can take its row back after joining (it has ``resume``)."""
+    controller = slot.parked if slot.parked is not None else slot.controller
+    return callable(getattr(controller, "resume", None))
 
 
 def _stop_reason(host: Host) -> str | None:

@@ -1,4 +1,4 @@
-"""When a speculating row should stop drafting and join the batched one-token step: the engine's cost rule.
+"""When a speculating row should draft and when it should step in the batched one-token step: the engine's cost rule.
 
 A row whose controller drafts and verifies steps alone: while its draft and verify forwards run, every batched row
 waits. Alone, that is the speedup the controller's own rule (decoctl.draft_length) measured; under load it may cost
@@ -10,28 +10,37 @@ the engine's throughput (tokens over the step's seconds) both ways, from costs m
 B is the rows stepped in the batched Run; S its span, the rows it computes (one Run computes rows 0 to the highest
 it steps: decoctl.host.Rows), and S' the span with this row in; t(n) the seconds of a Run spanning n rows (its mean,
 measured; an n not yet measured is priced on the line through the nearest two measured, or proportionally from
-one), s the row's mean
-seconds per step and c its mean tokens per step (over its last ``WINDOW`` steps, once it has ``MIN_STEPS``). A row
-joins when joining gives more; a lone row (B = 0) joins only against a Run of its span actually measured to beat
-its own steps, which its controller's rule already avoids: alone it keeps its full speedup.
+one), s the row's mean seconds per step and c its mean tokens per step (over its last ``WINDOW`` steps, once it
+has ``MIN_STEPS``). A row joins when joining gives more; a lone row (B = 0) joins only against a Run of its span
+actually measured to beat its own steps, which its controller's rule already avoids: alone it keeps its full
+speedup.
 
-Each step the engine asks ``choose`` about every speculating row at once: several rows that all draft stall each
-other as much as the batch (16 rows verifying one after the other make a step of 16 verify forwards), so the rule
-weighs the rows together. It ranks them by their drafting's tokens a second and takes the split, the best m drafting
-and the others joining, that gives the step the most tokens a second (a split that joins rows must give ``JOIN_GAIN``
-times more, as joining is for good):
+Each step the engine asks ``choose`` about every speculating row at once, those drafting and those the batched Run
+stepped last step alike: several rows that all draft stall each other as much as the batch (16 rows verifying one
+after the other make a step of 16 verify forwards), so the rule weighs the rows together. It ranks them by their
+drafting's tokens a second and takes the split, the best m drafting and the others in the Run, that gives the step
+the most tokens a second:
 
     (B + J + sum of c over the m) / (t(S_J) + sum of s over the m)
 
-J the joining rows and S_J the span with them in. A row with fewer than ``MIN_STEPS`` steps of its own is judged by
-the steps of every row of its kind (the same controller and options) the engine has seen, so that under load a new
-request joins at its first step. A Run of a size never measured is priced, before any Run was measured, by a prompt
-forward over as many tokens (the same weights read once, one row a token; optimistic, as that forward computes only
-its last logits: the first Runs measured correct it).
+J the rows in the Run and S_J the span with them in. The decision is per step and goes both ways: a row joins when
+the batch grows and drafts again when it shrinks (the engine keeps its drafting controller aside, which takes the
+row back with ``resume``). A split other than the rows' present one must give ``SWITCH_GAIN`` times more, so
+estimates a few percent apart do not move rows back and forth; one that joins a row whose controller cannot take
+it back (no ``resume``: that join is for good) must give ``JOIN_GAIN`` times more.
 
-Joining is one-way and exact: the engine feeds the row's pending token in the batched Run and steps it with greedy
-from then on, which commits the tokens the speculating controller would have (it verified greedily). (Drafting again
-later would need the controller to learn the tokens committed without it.)
+A row with fewer than ``MIN_STEPS`` steps of its own is judged by the steps of every row of its kind (the same
+controller and options) the engine has seen, so that under load a new request joins at its first step. While
+nothing of its kind is measured, one row of the kind drafts (its steps measure the kind) and the others join the
+Run where that costs less than their plain steps alone would (t(S_J) - t(S) under J one-row Runs: no drafting step
+costs less than one). A Run of a size never measured is priced, before any Run was measured, by a prompt forward
+over as many tokens (the same weights read once, one row a token; optimistic, as that forward computes only its
+last logits: the first Runs measured correct it).
+
+Joining and resuming are exact: the engine feeds the row's pending token in the batched Run and steps it with greedy,
+which commits the tokens the speculating controller would have (it verified greedily); resuming, the controller
+rebuilds its context from the prompt and the output and makes the last committed token pending again. A row's
+estimate is what it measured while drafting: while it is in the Run nothing new is measured for it.
 
 Prompts: a prompt's forward stalls the batched rows as a drafting step does. With rows decoding, the engine feeds
 one prompt a chunk a step, of ``prefill_tokens`` tokens: as many as fit in ``PREFILL_SHARE`` of the batched Run's
@@ -43,7 +52,7 @@ mostly waste). With no row decoding, a prompt goes in whole.
 from __future__ import annotations
 
 import collections
-from collections.abc import Hashable, Mapping
+from collections.abc import Collection, Hashable, Mapping
 
 __all__ = ["JoinRule"]
 
@@ -59,8 +68,11 @@ KIND_WINDOW = 64
 PREFILL_SHARE = 0.25
 #: the smallest chunk costs up to this many one-token prompt forwards
 MIN_CHUNK = 1.2
-#: joining is one-way: a split that joins rows must give this many times the tokens a second of the best split that
-#: keeps them drafting (a lone row whose plain steps cost about what a one-row Run does keeps its speedup)
+#: a split of the speculating rows other than their present one must give this many times the tokens a second (the
+#: rule's hysteresis: estimates a few percent apart do not move rows back and forth, and a lone row whose plain steps
+#: cost about what a one-row Run does keeps drafting)
+SWITCH_GAIN = 1.1
+#: a split that joins a row for good (its controller cannot take the row back) must give this many times more
 JOIN_GAIN = 1.2
 
 
@@ -70,16 +82,21 @@ class JoinRule:
     def __init__(self) -> None:
         self._runs: dict[int, collections.deque[float]] = {}
         self._prefills: dict[int, collections.deque[float]] = {}
+        #: the means of _runs and _prefills by size, while no new one was observed (the rule prices many a step)
+        self._run_means: dict[int, float] | None = None
+        self._prefill_means: dict[int, float] | None = None
         self._steps: dict[Hashable, collections.deque[tuple[int, float]]] = {}
         self._kinds: dict[Hashable, collections.deque[tuple[int, float]]] = {}
 
     def observe_run(self, rows: int, seconds: float) -> None:
         """A batched Run spanning ``rows`` rows took ``seconds``."""
         self._runs.setdefault(rows, collections.deque(maxlen=RUNS_KEPT)).append(seconds)
+        self._run_means = None
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """A prompt's forward over ``tokens`` tokens took ``seconds``."""
         self._prefills.setdefault(tokens, collections.deque(maxlen=RUNS_KEPT)).append(seconds)
+        self._prefill_means = None
 
     def observe_step(self, row: Hashable, tokens: int, seconds: float, kind: Hashable = None) -> None:
         """Speculating row ``row`` (of ``kind``: its controller and options) committed ``tokens`` in a step of
@@ -95,17 +112,27 @@ class JoinRule:
         forward over ``rows`` tokens; None before either."""
         if rows <= 0:
             return 0.0
-        return _priced(self._runs, rows) or _priced(self._prefills, rows)
+        return _priced(self._runs_by_size(), rows) or _priced(self._prefills_by_size(), rows)
 
     def prefill_seconds(self, tokens: int) -> float | None:
         """A prompt forward over ``tokens`` tokens: measured, or priced from the nearest measured sizes; None
         before any was measured."""
-        return _priced(self._prefills, tokens) if tokens > 0 else 0.0
+        return _priced(self._prefills_by_size(), tokens) if tokens > 0 else 0.0
+
+    def _runs_by_size(self) -> dict[int, float]:
+        if self._run_means is None:
+            self._run_means = _means(self._runs)
+        return self._run_means
+
+    def _prefills_by_size(self) -> dict[int, float]:
+        if self._prefill_means is None:
+            self._prefill_means = _means(self._prefills)
+        return self._prefill_means
 
     def prefill_tokens(self, span: int, remaining: int) -> int:
         """How many of a prompt's ``remaining`` tokens to feed in a step whose batched Run spans ``span`` rows (see
         the module docstring): all of them before a Run and a prompt forward were measured."""
-        run = _priced(self._runs, span)
+        run = _priced(self._runs_by_size(), span)
         one = self.prefill_seconds(1)
         if run is None or not one:
             return remaining
@@ -124,51 +151,104 @@ class JoinRule:
             return None
         return sum(t for t, _ in steps) / len(steps), sum(s for _, s in steps) / len(steps)
 
-    def choose(self, rows: Mapping[Hashable, tuple[int, Hashable]], batch_rows: int, span: int) -> set[Hashable]:
-        """Which speculating rows join a batched Run stepping ``batch_rows`` other rows over ``span`` rows now:
-        ``rows`` maps each to (its row index, its kind). See the module docstring."""
-        judged = []
+    def choose(
+        self,
+        rows: Mapping[Hashable, tuple[int, Hashable]],
+        batch_rows: int,
+        span: int,
+        *,
+        batched: Collection[Hashable] = (),
+        final: Collection[Hashable] = (),
+    ) -> set[Hashable]:
+        """Which speculating rows step in the batched Run this step (the others draft), beside ``batch_rows`` other
+        rows spanning ``span`` rows: ``rows`` maps each to (its row index, its kind); ``batched``: those the Run
+        stepped last step; ``final``: those whose join is for good (their controller cannot take its row back).
+        See the module docstring."""
+        judged: list[tuple[float, int, Hashable, float, float]] = []
+        unmeasured: dict[Hashable, list[tuple[int, Hashable]]] = {}
         for key, (index, kind) in rows.items():
             estimate = self.estimate(key, kind)
             if estimate is not None and estimate[1] > 0:
                 judged.append((estimate[0] / estimate[1], index, key, *estimate))
+            else:
+                unmeasured.setdefault(kind, []).append((index, key))
+        chosen = self._unmeasured_joining(unmeasured, batched, final, batch_rows, span)
+        batch_rows += len(chosen)
+        span = max([span, *(rows[key][0] + 1 for key in chosen)])
         judged.sort(key=lambda j: (-j[0], -j[1]))  # the rows whose drafting pays most first; ties: the higher row
-        best, joining = 0.0, len(judged)
-        tokens = sum(j[3] for j in judged)
-        seconds = sum(j[4] for j in judged)
-        top = span
-        # m = len(judged) (every row drafting) down to 0 (every row joining); a tie keeps the rows drafting
-        for m in range(len(judged), -1, -1):
-            if m < len(judged):
-                _, index, _, c, s = judged[m]
-                tokens, seconds, top = tokens - c, seconds - s, max(top, index + 1)
-            joined = len(judged) - m
-            if batch_rows == 0 and joined == 1 and top not in self._runs:
-                continue  # a lone row joins only against such a Run actually measured
-            run = self.run_seconds(top) if batch_rows + joined else 0.0
+
+        def rate(joining: list[tuple[float, int, Hashable, float, float]]) -> float | None:
+            keys = {j[2] for j in joining}
+            drafting = [j for j in judged if j[2] not in keys]
+            run = self.run_seconds(max([span, *(j[1] + 1 for j in joining)])) if batch_rows + len(joining) else 0.0
             if run is None:
+                return None
+            seconds = run + sum(j[4] for j in drafting)
+            tokens = batch_rows + len(joining) + sum(j[3] for j in drafting)
+            return tokens / seconds if seconds > 0 else 0.0
+
+        now = [j for j in judged if j[2] in batched]
+        best, joining = rate(now) or 0.0, now
+        # m = len(judged) (every row drafting) down to 0 (every row joining); a split other than the rows' present
+        # one must give SWITCH_GAIN times more (JOIN_GAIN where it joins a row for good)
+        for m in range(len(judged), -1, -1):
+            split = judged[m:]
+            if {j[2] for j in split} == {j[2] for j in now}:
                 continue
-            total = run + seconds
-            rate = (batch_rows + joined + tokens) / total if total > 0 else 0.0
-            if joined:
-                rate /= JOIN_GAIN
-            if rate > best:
-                best, joining = rate, m
-        return {j[2] for j in judged[joining:]}
+            if batch_rows == 0 and len(split) == 1 and max(span, split[0][1] + 1) not in self._runs:
+                continue  # a lone row joins only against such a Run actually measured
+            value = rate(split)
+            if value is None:
+                continue
+            gain = JOIN_GAIN if any(j[2] in final and j[2] not in batched for j in split) else SWITCH_GAIN
+            if value / gain > best:
+                best, joining = value / gain, split
+        return chosen | {j[2] for j in joining}
+
+    def _unmeasured_joining(
+        self,
+        unmeasured: Mapping[Hashable, list[tuple[int, Hashable]]],
+        batched: Collection[Hashable],
+        final: Collection[Hashable],
+        batch_rows: int,
+        span: int,
+    ) -> set[Hashable]:
+        """The rows with nothing measured of their kind that step in the Run: one row of each kind drafts (its
+        steps measure the kind, by which the others are judged after ``MIN_STEPS``); the others join where the Run
+        with them in costs less than each one's plain step alone would (a one-row Run: the least a drafting step
+        costs). A row whose join is for good always drafts until measured."""
+        joining: set[Hashable] = set()
+        for members in unmeasured.values():
+            # the row that drafts: one drafting already (the lowest), else the lowest
+            members = sorted(members, key=lambda m: (m[1] in batched, m[0]))
+            candidates = [m for m in members[1:] if m[1] not in final]
+            if not candidates:
+                continue
+            top = max(span, *(index + 1 for index, _ in candidates))
+            run, alone, before = self.run_seconds(top), self.run_seconds(1), self.run_seconds(span)
+            if run is None or alone is None or before is None:
+                continue
+            if run - before < len(candidates) * alone:
+                joining.update(key for _, key in candidates)
+                span, batch_rows = top, batch_rows + len(candidates)
+        return joining
 
     def joins(self, row: Hashable, batch_rows: int, *, span: int | None = None, joined_span: int | None = None) -> bool:
-        """Whether speculating row ``row``, the only one, should join a batched Run stepping ``batch_rows`` other
-        rows now; ``span`` and ``joined_span``: the rows that Run computes without and with it (default: the rows it
-        steps)."""
+        """Whether speculating row ``row``, the only one and drafting now, should join a batched Run stepping
+        ``batch_rows`` other rows now; ``span`` and ``joined_span``: the rows that Run computes without and with it
+        (default: the rows it steps)."""
         span = batch_rows if span is None else span
         joined_span = batch_rows + 1 if joined_span is None else joined_span
         return row in self.choose({row: (joined_span - 1, None)}, batch_rows, span)
 
 
-def _priced(measured: Mapping[int, collections.deque[float]], size: int) -> float | None:
+def _means(measured: Mapping[int, collections.deque[float]]) -> dict[int, float]:
+    return {n: sum(times) / len(times) for n, times in measured.items() if times}
+
+
+def _priced(means: Mapping[int, float], size: int) -> float | None:
     """The mean seconds of ``size``, or priced on the line through the nearest two measured sizes (proportionally
     from one); None where nothing is measured."""
-    means = {n: sum(times) / len(times) for n, times in measured.items() if times}
     if size in means:
         return means[size]
     if not means:

@@ -35,10 +35,16 @@ class Metrics:
         cancelled.set_function(lambda: engine.cancelled)
         joined = Gauge(
             "decoctl_rows_joined",
-            "speculating rows the cost rule moved into the batched step (their tokens unchanged)",
+            "times the cost rule moved a speculating row into the batched step (their tokens unchanged)",
             registry=self.registry,
         )
         joined.set_function(lambda: engine.joined)
+        resumed = Gauge(
+            "decoctl_rows_resumed",
+            "joined speculating rows the cost rule gave back to their drafting controller (their tokens unchanged)",
+            registry=self.registry,
+        )
+        resumed.set_function(lambda: engine.resumed)
         self.prompt_tokens = Counter(
             "decoctl_prompt_tokens", "prompt tokens of admitted requests", ("controller",), registry=self.registry
         )

@@ -14,6 +14,7 @@ from decoctl import ControllerSpec, Generator, hookimpl, load_model
 from decoctl.generation import ChatPrompt
 from decoctl.serve.engine import Delta, Engine, EngineClosedError, EngineRequest, Failed, Finished
 from decoctl.serve.join_rule import JoinRule
+from decoctl.testing import build_genai_model
 
 from .conftest import plugin_registry
 
@@ -45,15 +46,30 @@ class BrokenPlugin:
 class Never(JoinRule):
     """A join rule that keeps every speculating row drafting."""
 
-    def choose(self, rows: Any, batch_rows: int, span: int) -> set[Any]:
+    def choose(self, rows: Any, batch_rows: int, span: int, **given: Any) -> set[Any]:
         return set()
 
 
 class AfterTwoSteps(JoinRule):
     """A join rule that moves a speculating row into the batched step after its second step."""
 
-    def choose(self, rows: Any, batch_rows: int, span: int) -> set[Any]:
+    def choose(self, rows: Any, batch_rows: int, span: int, **given: Any) -> set[Any]:
         return {row for row in rows if len(self._steps.get(row, ())) >= 2}
+
+
+class Alternating(JoinRule):
+    """A join rule that moves every speculating row into the batched step and back: ``batched`` engine steps in the
+    Run, then ``drafting`` steps drafting, from its first step on."""
+
+    def __init__(self, batched: int = 2, drafting: int = 1) -> None:
+        super().__init__()
+        self.period, self.batched = batched + drafting, batched
+        self.asked: dict[Any, int] = {}
+
+    def choose(self, rows: Any, batch_rows: int, span: int, **given: Any) -> set[Any]:
+        for row in rows:
+            self.asked[row] = self.asked.get(row, -1) + 1
+        return {row for row in rows if self.asked[row] % self.period < self.batched}
 
 
 @pytest.fixture
@@ -208,10 +224,11 @@ def test_a_speculating_row_the_join_rule_moves_into_the_batch_keeps_greedys_toke
     engine.close()
     assert engine.joined == 1
     assert joined.tokens == plain.tokens
-    # two steps of its own, then its pending token fed in a batched Run and one token a Run: the greedy row's 15
-    # Runs, and as many more as the joined row needs after the greedy row ended
+    # its first step in the engine step after its prompt's (the join rule places it), two steps of its own, then its
+    # pending token fed in a batched Run and one token a Run: the greedy row's 15 Runs, and as many more as the
+    # joined row needs after the greedy row ended
     own = sum(len(e.tokens) for e in events[:2])
-    assert engine.batched_runs == max(15, 2 + 16 - own)
+    assert engine.batched_runs == max(15, 3 + 16 - own)
 
 
 def test_a_sampling_speculating_row_never_joins(tiny_model: Path) -> None:
@@ -227,3 +244,71 @@ def test_a_sampling_speculating_row_never_joins(tiny_model: Path) -> None:
     collect(events, 1)
     engine.close()
     assert engine.joined == 0
+
+
+def assert_no_row_left(engine: Engine) -> None:
+    """Every row free and empty, and the join rule holding no row's steps."""
+    assert engine._free == list(range(engine.max_rows)) and not engine._slots
+    assert all(engine.rows[row].length == 0 for row in range(engine.max_rows))
+    assert not engine.join_rule._steps
+
+
+@pytest.mark.parametrize(("batched", "drafting"), [(2, 1), (1, 2), (1, 1)])
+def test_a_speculating_row_that_joins_and_resumes_keeps_greedys_tokens(
+    tiny_model: Path, batched: int, drafting: int
+) -> None:
+    registry = plugin_registry()
+    rule = Alternating(batched, drafting)
+    engine = Engine({"target": load_model(tiny_model)}, registry=registry, max_rows=3, join_rule=rule)
+    prompts = ["def f(x):\n    return x\n\n\ndef f(x):\n", "import os\nimport sys\nimport os\n"]
+    inbox = []
+    for text in prompts:
+        inbox.append(queue.Queue[Any]())
+        options = {"drafter": "prompt-lookup"}
+        request = EngineRequest(ids=ids(engine, text), max_new_tokens=24, controller="speculative", options=options)
+        engine.submit(request, inbox[-1].put)
+    inbox.append(queue.Queue[Any]())
+    engine.submit(EngineRequest(ids=ids(engine, "class A:"), max_new_tokens=24), inbox[-1].put)
+    engine.start()
+    finished = [next(e for e in collect(q, 1) if isinstance(e, Finished)) for q in inbox]
+    engine.close()
+    offline = Generator({"target": engine.models["target"]}, "greedy", registry=registry)
+    expected = [offline.generate(text, max_new_tokens=24).tokens for text in [*prompts, "class A:"]]
+    assert [f.tokens for f in finished] == expected
+    assert engine.joined >= 4 and engine.resumed >= 2  # each speculating row went into the Run and back, twice
+    assert_no_row_left(engine)
+
+
+def test_a_draft_model_row_that_joins_and_resumes_keeps_greedys_tokens(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    draft = build_genai_model(tmp_path_factory.mktemp("serve-draft"), seed=4, max_length=1024)
+    registry = plugin_registry()
+    models = {"target": load_model(tiny_model), "draft": load_model(draft)}
+    engine = Engine(models, registry=registry, max_rows=2, join_rule=Alternating(2, 2))
+    text = "def f(x):\n    return x\n"
+    events = queue.Queue[Any]()
+    engine.submit(EngineRequest(ids=ids(engine, text), max_new_tokens=20, controller="speculative"), events.put)
+    engine.start()
+    finished = next(e for e in collect(events, 1) if isinstance(e, Finished))
+    engine.close()
+    offline = Generator({"target": models["target"]}, "greedy", registry=registry)
+    assert finished.tokens == offline.generate(text, max_new_tokens=20).tokens
+    assert engine.resumed >= 2
+    assert_no_row_left(engine)
+
+
+def test_a_cancelled_joined_row_frees_its_row(tiny_model: Path) -> None:
+    registry = plugin_registry()
+    engine = Engine({"target": load_model(tiny_model)}, registry=registry, max_rows=2, join_rule=Alternating(99, 1))
+    events = queue.Queue[Any]()
+    options = {"drafter": "prompt-lookup"}
+    request = EngineRequest(ids=ids(engine, "x = 1"), max_new_tokens=500, controller="speculative", options=options)
+    handle = engine.submit(request, events.put)
+    engine.start()
+    events.get(timeout=120)  # a first token: the row is in the Run
+    handle.cancel()
+    ended = next(e for e in collect(events, 1) if isinstance(e, Finished))
+    engine.close()
+    assert ended.finish_reason == "cancelled" and engine.joined == 1 and engine.resumed == 0
+    assert_no_row_left(engine)

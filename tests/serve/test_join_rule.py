@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decoctl.serve.join_rule import MIN_CHUNK, MIN_STEPS, PREFILL_SHARE, JoinRule
+from decoctl.serve.join_rule import JOIN_GAIN, MIN_CHUNK, MIN_STEPS, PREFILL_SHARE, SWITCH_GAIN, JoinRule
 
 
 def rule_with(runs: dict[int, float], steps: tuple[int, float] | None = None, count: int = MIN_STEPS) -> JoinRule:
@@ -107,3 +107,49 @@ def test_a_prompt_chunk_is_never_smaller_than_a_few_one_token_forwards_allow() -
     rule.observe_prefill(1, 0.5)
     rule.observe_prefill(11, 0.9)  # 0.5 + 0.04 a token
     assert rule.prefill_tokens(1, 100) == int((MIN_CHUNK * 0.5 - 0.5) / 0.04) + 1 > 1
+
+
+def test_a_joined_row_drafts_again_when_the_batch_shrinks() -> None:
+    # the row commits 3 tokens a step of 1.5 units; beside 8 rows (Run of 8: 3.0, of 9: 3.2) it is batched:
+    # drafting gives (8 + 3) / 4.5 = 2.4 tokens a unit against 9 / 3.2 = 2.8
+    rule = rule_with({1: 1.0, 2: 1.3, 8: 3.0, 9: 3.2}, steps=(3, 1.5))
+    assert rule.choose({"row": (8, None)}, 8, 8) == {"row"}
+    assert rule.choose({"row": (8, None)}, 8, 8, batched={"row"}) == {"row"}
+    # beside one row it drafts again: (1 + 3) / 2.5 = 1.6 against 2 / 1.3 = 1.54 ... and 1.6 / 1.54 is within the
+    # hysteresis, so it stays; alone it drafts: 3 / 1.5 = 2 against 1 / 1.0
+    assert rule.choose({"row": (1, None)}, 1, 1, batched={"row"}) == {"row"}
+    assert rule.choose({"row": (0, None)}, 0, 0, batched={"row"}) == set()
+
+
+def test_rows_keep_their_place_unless_the_other_gives_switch_gain_more() -> None:
+    # joining gives 2 / 1.3 = 1.54 tokens a unit, drafting (1 + c) / (1 + 1.0)
+    runs = {1: 1.0, 2: 1.3}
+    slightly_better_drafting = rule_with(runs, steps=(2.2, 1.0))  # 1.6: within SWITCH_GAIN of 1.54
+    assert slightly_better_drafting.choose({"row": (1, None)}, 1, 1, batched={"row"}) == {"row"}
+    assert slightly_better_drafting.choose({"row": (1, None)}, 1, 1) == set()
+    slightly_better_joined = rule_with(runs, steps=(1.9, 1.0))  # 1.45
+    assert slightly_better_joined.choose({"row": (1, None)}, 1, 1) == set()
+    much_better_drafting = rule_with(runs, steps=(2.5 * SWITCH_GAIN, 1.0))
+    assert much_better_drafting.choose({"row": (1, None)}, 1, 1, batched={"row"}) == set()
+
+
+def test_a_row_that_cannot_resume_joins_only_for_join_gain_more() -> None:
+    # joining gives 9 / 3.2 = 2.81 tokens a unit, drafting (8 + 3.3) / 4.5 = 2.51: 1.12 times less
+    rule = rule_with({8: 3.0, 9: 3.2}, steps=(3.3, 1.5))
+    assert rule.choose({"row": (8, None)}, 8, 8) == {"row"}
+    assert rule.choose({"row": (8, None)}, 8, 8, final={"row"}) == set()
+    assert SWITCH_GAIN < 2.81 / 2.51 < JOIN_GAIN
+
+
+def test_with_nothing_measured_of_their_kind_one_row_drafts_and_the_others_join_the_run() -> None:
+    rule = rule_with({1: 1.0, 8: 3.0, 12: 3.6})  # a row in the Run costs far less than a one-row step
+    rows = {key: (8 + key, "new") for key in range(4)}
+    assert rule.choose(rows, 8, 8) == {1, 2, 3}  # row 0 drafts: its steps measure the kind
+    assert rule.choose(rows, 8, 8, batched={0, 1, 2}) == {0, 1, 2}  # the one drafting already goes on
+    assert rule.choose(rows, 8, 8, final={1, 2, 3}) == set()  # rows that cannot resume draft until measured
+    assert rule_with({1: 1.0, 2: 2.5}).choose({0: (0, "new"), 1: (1, "new")}, 0, 0) == set()  # Runs cost more
+
+
+def test_a_lone_row_with_nothing_measured_drafts() -> None:
+    assert rule_with({1: 1.0}).choose({"row": (0, "new")}, 0, 0) == set()
+    assert rule_with({1: 1.0, 9: 3.2}).choose({"row": (8, "new")}, 8, 8) == set()

@@ -95,6 +95,21 @@ class Speculative:
         host.trace["acceptance"] = self._mode()
         host.trace["draft_length"] = self._length_rule()
 
+    def resume(self, host: Host) -> None:
+        """Take the row back after other controllers stepped it (decoctl serve's batched greedy step, which leaves
+        the last committed token in the target's KV cache and its logits ready): the context is rebuilt from the
+        prompt and the output, the target gives the last committed token back and it becomes the pending one, as
+        after ``start``. The draft-length rule and the drafter's statistics carry on; the drafter catches up on
+        the new tokens at its next proposal."""
+        prompt, output = host.prompt_tokens, host.output_tokens
+        self._length = len(prompt) + len(output)
+        self._context = np.zeros(self._length + host.remaining + 1, np.int64)
+        self._context[: len(prompt)] = prompt
+        self._context[len(prompt) : self._length] = output
+        target = host.target
+        target.rewind(target.length - 1)
+        self.verifier.pending = int(self._context[self._length - 1])
+
     def _mode(self) -> str:
         if not self.sampling:
             return "greedy-exact-match"

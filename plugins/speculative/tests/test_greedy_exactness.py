@@ -7,11 +7,13 @@ allows a different choice only where the baseline's top-2 logit gap is below 1e-
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from decoctl_speculative.controller import OPTIONS, Speculative
 
-from decoctl import Generator
+from decoctl import Generator, Host
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import first_divergence_is_a_tie
 
@@ -110,3 +112,59 @@ def test_the_stats_count_every_target_forward_by_the_tokens_it_fed(
     assert sizes.tree == {}
     assert sum(count for count, _ in sizes.chain.values()) == result.stats.forwards["target"]
     assert sum(n * count for n, (count, _) in sizes.chain.items()) == result.stats.tokens_fed["target"]
+
+
+class HandsOver:
+    """Speculative for ``own`` steps, then greedy one-token steps for ``others`` (feeding the pending token first, as
+    decoctl serve's batched step does when a row joins it), then ``resume`` and speculative again, and so on."""
+
+    def __init__(self, options: dict[str, Any], own: int = 2, others: int = 3) -> None:
+        self.speculative = Speculative({**speculative_options(), **options})
+        self.own, self.others = own, others
+        self.steps = self.resumed = 0
+
+    def start(self, host: Host) -> None:
+        self.speculative.start(host)
+        self.steps = 0
+
+    def step(self, host: Host) -> None:
+        phase = self.steps % (self.own + self.others)
+        self.steps += 1
+        if phase < self.own:
+            if phase == 0 and self.steps > 1:
+                self.speculative.resume(host)
+                self.resumed += 1
+            self.speculative.step(host)
+            return
+        if phase == self.own:  # the row joins: its pending token goes into the target's KV
+            host.target.forward((self.speculative.verifier.pending,))
+        token = int(host.argmax(host.target.logits()[-1:])[0])
+        host.commit((token,))
+        if not host.done:
+            host.target.forward((token,))
+
+
+class HandsOverDrafting(HandsOver):
+    """HandsOver with a draft model."""
+
+    roles = ("target", "draft")
+
+
+def speculative_options() -> dict[str, Any]:
+    return {option.name: option.default for option in OPTIONS}
+
+
+@pytest.mark.parametrize(("own", "others"), [(1, 1), (2, 3), (3, 1)])
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "draft-model"])
+def test_resuming_after_greedy_steps_keeps_greedys_tokens(
+    target: Path, draft: Path, registry: PluginRegistry, own: int, others: int, drafter: str
+) -> None:
+    baseline = Generator({"target": target}, "greedy", registry=registry)
+    loop = (HandsOverDrafting if drafter == "draft-model" else HandsOver)({"drafter": drafter}, own, others)
+    models = {"target": target, "draft": draft} if drafter == "draft-model" else {"target": target}
+    handing = Generator(models, loop, registry=registry)
+    for prompt in PROMPTS:
+        expected = baseline.generate(prompt, max_new_tokens=40).tokens
+        got = handing.generate(prompt, max_new_tokens=40).tokens
+        assert first_divergence_is_a_tie(target, baseline.tokenizer.encode(prompt), expected, got), prompt
+    assert loop.resumed > 0
