@@ -24,6 +24,18 @@ from collections.abc import Sequence
 import attrs
 
 from decoctl.model.graph import _protowire as pw
+from decoctl.model.graph._nodes import (
+    ATTR_INTS,
+    ATTR_T,
+    GRAPH_INITIALIZER,
+    GRAPH_INPUT,
+    GRAPH_NODE,
+    GRAPH_OUTPUT,
+    MODEL_GRAPH,
+    GraphNode,
+    Kept,
+    signed,
+)
 
 __all__ = ["FedLengths", "Kept", "Rewritten", "rewrite"]
 
@@ -31,10 +43,6 @@ __all__ = ["FedLengths", "Kept", "Rewritten", "rewrite"]
 # attribute / domain; AttributeProto.name / i / t / ints; TensorProto.dims / data_type / int64_data / name /
 # raw_data; ValueInfoProto.name / type; TypeProto.tensor_type; TypeProto.Tensor.elem_type / shape;
 # TensorShapeProto.dim (field numbers from onnx.proto)
-_MODEL_GRAPH = 7
-_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 1, 5, 11, 12
-_NODE_INPUT, _NODE_OUTPUT, _NODE_OP_TYPE, _NODE_ATTRIBUTE, _NODE_DOMAIN = 1, 2, 4, 5, 7
-_ATTR_NAME, _ATTR_I, _ATTR_T, _ATTR_INTS = 1, 3, 5, 8
 _TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_INT64_DATA, _TENSOR_NAME, _TENSOR_RAW_DATA = 1, 2, 7, 8, 9
 _VALUE_NAME, _VALUE_TYPE = 1, 2
 _TYPE_TENSOR, _TENSOR_ELEM_TYPE, _TENSOR_SHAPE, _SHAPE_DIM = 1, 1, 2, 1
@@ -65,77 +73,62 @@ class Rewritten:
     removed_nodes: int
 
 
-@attrs.frozen(kw_only=True)
-class Kept:
-    """The graph stays as it is; ``reason`` says why."""
-
-    reason: str
-
-
-@attrs.define
-class _Node:
-    index: int
-    op_type: str
-    domain: str
-    inputs: list[str]
-    outputs: list[str]
-    attributes: dict[str, list[pw.Field]]
-
-
 def rewrite(model: bytes, attention_mask: str) -> Rewritten | Kept:
     """Remove the builder's mask subgraph from the serialized ModelProto ``model`` (see the module docstring).
 
     :param attention_mask: the graph input the subgraph reads (the config's ``inputs.attention_mask``).
     """
     model_fields = list(pw.fields(model))
-    graphs = [f for f in model_fields if f.number == _MODEL_GRAPH]
+    graphs = [f for f in model_fields if f.number == MODEL_GRAPH]
     if len(graphs) != 1:
         return Kept(reason="the file holds no single graph")
     graph_fields = list(pw.fields(graphs[0].payload))
-    nodes = [_parse_node(i, f) for i, f in enumerate(f for f in graph_fields if f.number == _GRAPH_NODE)]
+    nodes = [GraphNode.parse(f, i) for i, f in enumerate(f for f in graph_fields if f.number == GRAPH_NODE)]
     found = _match(nodes, graph_fields, attention_mask)
     if isinstance(found, Kept):
         return found
     lengths, removed = found
-    mask_info = next(f for f in graph_fields if f.number == _GRAPH_INPUT and _value_name(f) == attention_mask)
+    mask_info = next(f for f in graph_fields if f.number == GRAPH_INPUT and _value_name(f) == attention_mask)
     new_inputs = [
-        pw.length_delimited(_GRAPH_INPUT, _tensor_value(lengths.seqlens_k, _INT32, [_first_dim(mask_info)])),
-        pw.length_delimited(_GRAPH_INPUT, _tensor_value(lengths.total_sequence_length, _INT32, [])),
+        pw.length_delimited(GRAPH_INPUT, _tensor_value(lengths.seqlens_k, _INT32, [_first_dim(mask_info)])),
+        pw.length_delimited(GRAPH_INPUT, _tensor_value(lengths.total_sequence_length, _INT32, [])),
     ]
     kept: list[bytes] = []
     node_index = 0
     for field in graph_fields:
-        if field.number == _GRAPH_NODE:
+        if field.number == GRAPH_NODE:
             node_index += 1
             if node_index - 1 in removed:
                 continue
         elif field is mask_info:
             continue
         kept.append(field.raw)
-    new_graph = pw.length_delimited(_MODEL_GRAPH, [*kept, *new_inputs])
+    new_graph = pw.length_delimited(MODEL_GRAPH, [*kept, *new_inputs])
     rebuilt = b"".join(new_graph if f is graphs[0] else f.raw for f in model_fields)
     return Rewritten(model=rebuilt, inputs=lengths, removed_nodes=len(removed))
 
 
-def _match(nodes: Sequence[_Node], graph_fields: Sequence[pw.Field], mask: str) -> tuple[FedLengths, set[int]] | Kept:
+def _match(
+    nodes: Sequence[GraphNode], graph_fields: Sequence[pw.Field], mask: str
+) -> tuple[FedLengths, set[int]] | Kept:
     attention = [n for n in nodes if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
     if not attention:
         return Kept(reason="no com.microsoft GroupQueryAttention node")
-    slots = {(_slot(n, _GQA_SEQLENS_K), _slot(n, _GQA_TOTAL_LENGTH)) for n in attention}
+    slots = {(n.input(_GQA_SEQLENS_K), n.input(_GQA_TOTAL_LENGTH)) for n in attention}
     if len(slots) != 1 or "" in next(iter(slots)):
         return Kept(reason="the GroupQueryAttention nodes do not share one seqlens_k and total_sequence_length")
     seqlens_k, total = next(iter(slots))
     producer = {name: node for node in nodes for name in node.outputs}
     constants = _constants(nodes, graph_fields)
-    consumers: dict[str, list[tuple[_Node, int]]] = defaultdict(list)
+    consumers: dict[str, list[tuple[GraphNode, int]]] = defaultdict(list)
     for node in nodes:
         for slot, name in enumerate(node.inputs):
             consumers[name].append((node, slot))
-    graph_outputs = {_value_name(f) for f in graph_fields if f.number == _GRAPH_OUTPUT}
-    if mask not in {_value_name(f) for f in graph_fields if f.number == _GRAPH_INPUT}:
+    graph_outputs = {_value_name(f) for f in graph_fields if f.number == GRAPH_OUTPUT}
+    if mask not in {_value_name(f) for f in graph_fields if f.number == GRAPH_INPUT}:
         return Kept(reason=f"the graph has no {mask!r} input")
 
-    def made_by(name: str, op_type: str, arity: int) -> _Node | None:
+    def made_by(name: str, op_type: str, arity: int) -> GraphNode | None:
         node = producer.get(name)
         if node is None or node.op_type != op_type or node.domain not in ("", "ai.onnx") or len(node.inputs) != arity:
             return None
@@ -154,10 +147,12 @@ def _match(nodes: Sequence[_Node], graph_fields: Sequence[pw.Field], mask: str) 
     if not (cast_k and sub and reduce and cast_t and gather and shape):
         return Kept(reason=f"seqlens_k and total_sequence_length are not computed the way {_BUILDER} does")
     checks = [
-        _int(cast_k, "to") == _INT32 and _int(cast_t, "to") == _INT32,
-        reduce.inputs[0] == mask and _int(reduce, "keepdims") == 0 and _reduced_axes(reduce, constants) in ([1], [-1]),
-        _int(reduce, "noop_with_empty_axes") in (None, 0),
-        _int(gather, "axis") in (None, 0) and constants.get(gather.inputs[1]) == ((), 1),
+        cast_k.int_attribute("to") == _INT32 and cast_t.int_attribute("to") == _INT32,
+        reduce.inputs[0] == mask
+        and reduce.int_attribute("keepdims") == 0
+        and _reduced_axes(reduce, constants) in ([1], [-1]),
+        reduce.int_attribute("noop_with_empty_axes") in (None, 0),
+        gather.int_attribute("axis") in (None, 0) and constants.get(gather.inputs[1]) == ((), 1),
         shape.inputs[0] == mask and not shape.attributes,
     ]
     if not all(checks):
@@ -186,57 +181,27 @@ def _match(nodes: Sequence[_Node], graph_fields: Sequence[pw.Field], mask: str) 
     return FedLengths(seqlens_k=seqlens_k, total_sequence_length=total), removed
 
 
-def _parse_node(index: int, field: pw.Field) -> _Node:
-    node = _Node(index=index, op_type="", domain="", inputs=[], outputs=[], attributes={})
-    for part in pw.fields(field.payload):
-        if part.number == _NODE_INPUT:
-            node.inputs.append(part.text)
-        elif part.number == _NODE_OUTPUT:
-            node.outputs.append(part.text)
-        elif part.number == _NODE_OP_TYPE:
-            node.op_type = part.text
-        elif part.number == _NODE_DOMAIN:
-            node.domain = part.text
-        elif part.number == _NODE_ATTRIBUTE:
-            attribute = list(pw.fields(part.payload))
-            name = next((a.text for a in attribute if a.number == _ATTR_NAME), "")
-            node.attributes[name] = attribute
-    return node
-
-
-def _slot(node: _Node, slot: int) -> str:
-    return node.inputs[slot] if len(node.inputs) > slot else ""
-
-
-def _int(node: _Node, attribute: str) -> int | None:
-    fields = node.attributes.get(attribute)
-    if fields is None:
-        return None
-    values = [f.number_value for f in fields if f.number == _ATTR_I]
-    return _signed(values[0]) if values else None
-
-
-def _reduced_axes(node: _Node, constants: dict[str, _Constant]) -> list[int] | None:
+def _reduced_axes(node: GraphNode, constants: dict[str, _Constant]) -> list[int] | None:
     if len(node.inputs) == 2:
         axes = constants.get(node.inputs[1])
         return axes if isinstance(axes, list) else None
     fields = node.attributes.get("axes", [])
-    return [_signed(v) for f in fields if f.number == _ATTR_INTS for v in pw.packed_varints(f)] or None
+    return [signed(v) for f in fields if f.number == ATTR_INTS for v in pw.packed_varints(f)] or None
 
 
-def _constants(nodes: Sequence[_Node], graph_fields: Sequence[pw.Field]) -> dict[str, _Constant]:
+def _constants(nodes: Sequence[GraphNode], graph_fields: Sequence[pw.Field]) -> dict[str, _Constant]:
     """Small int64 constants by name, from initializers and Constant nodes: a list for a 1-D tensor, ((), v)
     for a scalar. Anything else (another type, rank or size) is left out."""
     found: dict[str, _Constant] = {}
     for field in graph_fields:
-        if field.number == _GRAPH_INITIALIZER:
+        if field.number == GRAPH_INITIALIZER:
             name, value = _int64_tensor(field.payload)
             if name and value is not None:
                 found[name] = value
     for node in nodes:
         if node.op_type != "Constant" or len(node.outputs) != 1:
             continue
-        tensor = [f for f in node.attributes.get("value", []) if f.number == _ATTR_T]
+        tensor = [f for f in node.attributes.get("value", []) if f.number == ATTR_T]
         if tensor:
             _, value = _int64_tensor(tensor[0].payload)
             if value is not None:
@@ -254,10 +219,6 @@ def _int64_tensor(payload: bytes) -> tuple[str, _Constant | None]:
     if not read.dims:
         return read.name, (((), values[0]) if len(values) == 1 else None)
     return read.name, (values if read.dims[0] == len(values) else None)
-
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _value_name(field: pw.Field) -> str:

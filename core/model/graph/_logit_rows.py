@@ -19,6 +19,18 @@ import struct
 import attrs
 
 from decoctl.model.graph import _protowire as pw
+from decoctl.model.graph._nodes import (
+    GRAPH_INITIALIZER,
+    GRAPH_INPUT,
+    GRAPH_NODE,
+    MODEL_GRAPH,
+    NODE_INPUT,
+    NODE_NAME,
+    NODE_OP_TYPE,
+    NODE_OUTPUT,
+    GraphNode,
+    Kept,
+)
 
 __all__ = ["LOGITS_FROM", "Kept", "Rewritten", "rewrite"]
 
@@ -28,9 +40,6 @@ LOGITS_FROM = "logits_from"
 # ModelProto.graph; GraphProto.node / initializer / input; NodeProto.input / output / name / op_type;
 # ValueInfoProto.name / type; TypeProto.tensor_type; TypeProto.Tensor.elem_type / shape;
 # TensorShapeProto.dim; Dimension.dim_value; TensorProto.dims / data_type / name / raw_data (from onnx.proto)
-_MODEL_GRAPH = 7
-_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT = 1, 5, 11
-_NODE_INPUT, _NODE_OUTPUT, _NODE_NAME, _NODE_OP_TYPE = 1, 2, 3, 4
 _VALUE_NAME, _VALUE_TYPE = 1, 2
 _TYPE_TENSOR, _TENSOR_ELEM_TYPE, _TENSOR_SHAPE, _SHAPE_DIM, _DIM_VALUE = 1, 1, 2, 1, 1
 _T_DIMS, _T_DATA_TYPE, _T_NAME, _T_RAW = 1, 2, 8, 9
@@ -52,47 +61,20 @@ class Rewritten:
     input: str = LOGITS_FROM
 
 
-@attrs.frozen(kw_only=True)
-class Kept:
-    """The graph stays as it is; ``reason`` says why."""
-
-    reason: str
-
-
-@attrs.define
-class _Node:
-    field: pw.Field
-    op_type: str = ""
-    inputs: list[str] = attrs.Factory(list)
-    outputs: list[str] = attrs.Factory(list)
-
-    @classmethod
-    def parse(cls, field: pw.Field) -> _Node:
-        node = cls(field=field)
-        for part in pw.fields(field.payload):
-            if part.number == _NODE_INPUT:
-                node.inputs.append(part.text)
-            elif part.number == _NODE_OUTPUT:
-                node.outputs.append(part.text)
-            elif part.number == _NODE_OP_TYPE:
-                node.op_type = part.text
-        return node
-
-
 def rewrite(model: bytes, logits: str) -> Rewritten | Kept:
     """The graph with a ``logits_from`` input choosing the first row the LM head computes (module docstring)."""
     model_fields = list(pw.fields(model))
-    graphs = [f for f in model_fields if f.number == _MODEL_GRAPH]
+    graphs = [f for f in model_fields if f.number == MODEL_GRAPH]
     if len(graphs) != 1:
         return Kept(reason="the file holds no single graph")
     graph_fields = list(pw.fields(graphs[0].payload))
-    names = {_name(f) for f in graph_fields if f.number in (_GRAPH_INPUT, _GRAPH_INITIALIZER)}
+    names = {_name(f) for f in graph_fields if f.number in (GRAPH_INPUT, GRAPH_INITIALIZER)}
     if LOGITS_FROM in names:
         return Kept(reason=f"the graph already has a {LOGITS_FROM} input")
-    producers: dict[str, _Node] = {}
+    producers: dict[str, GraphNode] = {}
     for field in graph_fields:
-        if field.number == _GRAPH_NODE:
-            parsed = _Node.parse(field)
+        if field.number == GRAPH_NODE:
+            parsed = GraphNode.parse(field)
             for output in parsed.outputs:
                 producers[output] = parsed
     node = producers.get(logits)
@@ -103,15 +85,15 @@ def rewrite(model: bytes, logits: str) -> Rewritten | Kept:
     head = node
     hidden = head.inputs[0]
     slice_node = pw.length_delimited(
-        _GRAPH_NODE,
+        GRAPH_NODE,
         [
-            *(pw.length_delimited(_NODE_INPUT, name.encode()) for name in (hidden, LOGITS_FROM, _ENDS, _AXES)),
-            pw.length_delimited(_NODE_OUTPUT, _SLICED.encode()),
-            pw.length_delimited(_NODE_NAME, b"/decoctl/logits_from/Slice"),
-            pw.length_delimited(_NODE_OP_TYPE, b"Slice"),
+            *(pw.length_delimited(NODE_INPUT, name.encode()) for name in (hidden, LOGITS_FROM, _ENDS, _AXES)),
+            pw.length_delimited(NODE_OUTPUT, _SLICED.encode()),
+            pw.length_delimited(NODE_NAME, b"/decoctl/logits_from/Slice"),
+            pw.length_delimited(NODE_OP_TYPE, b"Slice"),
         ],
     )
-    new_head = pw.length_delimited(_GRAPH_NODE, _reading(head.field, _SLICED))
+    new_head = pw.length_delimited(GRAPH_NODE, _reading(head.field, _SLICED))
     kept: list[bytes] = []
     for field in graph_fields:
         if field is head.field:
@@ -119,12 +101,12 @@ def rewrite(model: bytes, logits: str) -> Rewritten | Kept:
         else:
             kept.append(field.raw)
     kept += [
-        pw.length_delimited(_GRAPH_INITIALIZER, _int64s(LOGITS_FROM, [0])),
-        pw.length_delimited(_GRAPH_INITIALIZER, _int64s(_ENDS, [(1 << 63) - 1])),
-        pw.length_delimited(_GRAPH_INITIALIZER, _int64s(_AXES, [1])),
-        pw.length_delimited(_GRAPH_INPUT, _int64_input(LOGITS_FROM)),
+        pw.length_delimited(GRAPH_INITIALIZER, _int64s(LOGITS_FROM, [0])),
+        pw.length_delimited(GRAPH_INITIALIZER, _int64s(_ENDS, [(1 << 63) - 1])),
+        pw.length_delimited(GRAPH_INITIALIZER, _int64s(_AXES, [1])),
+        pw.length_delimited(GRAPH_INPUT, _int64_input(LOGITS_FROM)),
     ]
-    new_graph = pw.length_delimited(_MODEL_GRAPH, kept)
+    new_graph = pw.length_delimited(MODEL_GRAPH, kept)
     return Rewritten(model=b"".join(new_graph if f is graphs[0] else f.raw for f in model_fields))
 
 
@@ -133,8 +115,8 @@ def _reading(node: pw.Field, source: str) -> list[bytes]:
     out: list[bytes] = []
     first = True
     for part in pw.fields(node.payload):
-        if part.number == _NODE_INPUT and first:
-            out.append(pw.length_delimited(_NODE_INPUT, source.encode()))
+        if part.number == NODE_INPUT and first:
+            out.append(pw.length_delimited(NODE_INPUT, source.encode()))
             first = False
         else:
             out.append(part.raw)
@@ -162,5 +144,5 @@ def _int64_input(name: str) -> list[bytes]:
 
 
 def _name(field: pw.Field) -> str:
-    number = _VALUE_NAME if field.number == _GRAPH_INPUT else _T_NAME
+    number = _VALUE_NAME if field.number == GRAPH_INPUT else _T_NAME
     return next((f.text for f in pw.fields(field.payload) if f.number == number), "")

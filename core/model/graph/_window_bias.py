@@ -30,15 +30,23 @@ from collections.abc import Iterator
 import attrs
 
 from decoctl.model.graph import _protowire as pw
+from decoctl.model.graph._nodes import (
+    ATTR_I,
+    ATTR_NAME,
+    GRAPH_INPUT,
+    GRAPH_NODE,
+    MODEL_GRAPH,
+    NODE_ATTRIBUTE,
+    NODE_INPUT,
+    NODE_OUTPUT,
+    GraphNode,
+    Kept,
+)
 
 __all__ = ["Kept", "Rewritten", "WindowBias", "has_window", "rewrite", "ring_windows"]
 
 # ModelProto.graph; GraphProto.node / input; NodeProto.input / output / op_type / attribute / domain;
 # AttributeProto.name / i; ValueInfoProto.name (field numbers from onnx.proto)
-_MODEL_GRAPH = 7
-_GRAPH_NODE, _GRAPH_INPUT = 1, 11
-_NODE_INPUT, _NODE_OUTPUT, _NODE_OP_TYPE, _NODE_ATTRIBUTE, _NODE_DOMAIN = 1, 2, 4, 5, 7
-_ATTR_NAME, _ATTR_I = 1, 3
 _VALUE_NAME = 1
 
 _MS_DOMAIN = "com.microsoft"
@@ -69,55 +77,24 @@ class Rewritten:
     widened: dict[str, int] = attrs.field(factory=dict)
 
 
-@attrs.frozen(kw_only=True)
-class Kept:
-    """The graph stays as it is; ``reason`` says why."""
-
-    reason: str
-
-
 @attrs.define
-class _Node:
-    field: pw.Field
-    parts: list[pw.Field]
-    op_type: str = ""
-    domain: str = ""
-    inputs: list[str] = attrs.Factory(list)
-    outputs: list[str] = attrs.Factory(list)
-    window: int | None = None
-    ring: bool = False
+class _Node(GraphNode):
+    """A node with GroupQueryAttention's window attributes read."""
 
-    @classmethod
-    def parse(cls, field: pw.Field) -> _Node:
-        node = cls(field=field, parts=list(pw.fields(field.payload)))
-        for part in node.parts:
-            if part.number == _NODE_INPUT:
-                node.inputs.append(part.text)
-            elif part.number == _NODE_OUTPUT:
-                node.outputs.append(part.text)
-            elif part.number == _NODE_OP_TYPE:
-                node.op_type = part.text
-            elif part.number == _NODE_DOMAIN:
-                node.domain = part.text
-            elif part.number == _NODE_ATTRIBUTE:
-                attribute = list(pw.fields(part.payload))
-                names = {a.text for a in attribute if a.number == _ATTR_NAME}
-                values = [a.number_value for a in attribute if a.number == _ATTR_I]
-                if _WINDOW in names:
-                    node.window = _signed(values[0]) if values else None
-                elif _RING in names:
-                    node.ring = bool(values and values[0])
-        return node
+    @property
+    def window(self) -> int | None:
+        return self.int_attribute(_WINDOW)
 
-    def input(self, slot: int) -> str:
-        return self.inputs[slot] if len(self.inputs) > slot else ""
+    @property
+    def ring(self) -> bool:
+        return bool(self.int_attribute(_RING))
 
 
 def _gqa_nodes(model: bytes) -> Iterator[_Node]:
     """Every com.microsoft GroupQueryAttention node of the model's graph."""
-    for graph in (f for f in pw.fields(model) if f.number == _MODEL_GRAPH):
+    for graph in (f for f in pw.fields(model) if f.number == MODEL_GRAPH):
         for field in pw.fields(graph.payload):
-            if field.number == _GRAPH_NODE:
+            if field.number == GRAPH_NODE:
                 node = _Node.parse(field)
                 if node.op_type == _GQA and node.domain == _MS_DOMAIN:
                     yield node
@@ -143,14 +120,14 @@ def rewrite(model: bytes, attention_bias: str, ring_slack: int = 0) -> Rewritten
     through one Cast to the compute type) into a bias input of its own; see the module docstring. A node with a
     ring cache keeps a kernel window, ``ring_slack`` positions wider than its own (decoctl.model.ring_cache)."""
     model_fields = list(pw.fields(model))
-    graphs = [f for f in model_fields if f.number == _MODEL_GRAPH]
+    graphs = [f for f in model_fields if f.number == MODEL_GRAPH]
     if len(graphs) != 1:
         return Kept(reason="the file holds no single graph")
     graph_fields = list(pw.fields(graphs[0].payload))
-    bias_info = next((f for f in graph_fields if f.number == _GRAPH_INPUT and _name(f) == attention_bias), None)
+    bias_info = next((f for f in graph_fields if f.number == GRAPH_INPUT and _name(f) == attention_bias), None)
     if bias_info is None:
         return Kept(reason=f"the graph has no {attention_bias} input")
-    nodes = {id(f): _Node.parse(f) for f in graph_fields if f.number == _GRAPH_NODE}
+    nodes = {id(f): _Node.parse(f) for f in graph_fields if f.number == GRAPH_NODE}
     casts = {
         n.outputs[0]: n
         for n in nodes.values()
@@ -187,11 +164,11 @@ def rewrite(model: bytes, attention_bias: str, ring_slack: int = 0) -> Rewritten
                 output = f"{read}_window_{node.window}"
                 new_casts[key] = (output, _renamed_cast(casts[read], source, output))
             source = new_casts[key][0]
-        replaced[id(node.field)] = pw.length_delimited(_GRAPH_NODE, _unwindowed(node, source, kernel))
-    new_inputs = [pw.length_delimited(_GRAPH_INPUT, _renamed_value(bias_info, w.name)) for w in windows]
+        replaced[id(node.field)] = pw.length_delimited(GRAPH_NODE, _unwindowed(node, source, kernel))
+    new_inputs = [pw.length_delimited(GRAPH_INPUT, _renamed_value(bias_info, w.name)) for w in windows]
     kept: list[bytes] = [cast for _, cast in new_casts.values()]  # graph inputs only: topologically first
     kept += [replaced.get(id(f), f.raw) for f in graph_fields]
-    new_graph = pw.length_delimited(_MODEL_GRAPH, [*kept, *new_inputs])
+    new_graph = pw.length_delimited(MODEL_GRAPH, [*kept, *new_inputs])
     rebuilt = b"".join(new_graph if f is graphs[0] else f.raw for f in model_fields)
     return Rewritten(model=rebuilt, windows=windows, widened=widened)
 
@@ -202,19 +179,18 @@ def _unwindowed(node: _Node, bias_input: str, kernel_window: int) -> list[bytes]
     out: list[bytes] = []
     slot = 0
     for part in node.parts:
-        if part.number == _NODE_INPUT:
+        if part.number == NODE_INPUT:
             out.append(
-                pw.length_delimited(_NODE_INPUT, bias_input.encode()) if slot == _GQA_ATTENTION_BIAS else part.raw
+                pw.length_delimited(NODE_INPUT, bias_input.encode()) if slot == _GQA_ATTENTION_BIAS else part.raw
             )
             slot += 1
-        elif part.number == _NODE_ATTRIBUTE and any(
-            a.number == _ATTR_NAME and a.text == _WINDOW for a in pw.fields(part.payload)
+        elif part.number == NODE_ATTRIBUTE and any(
+            a.number == ATTR_NAME and a.text == _WINDOW for a in pw.fields(part.payload)
         ):
             attribute = [
-                pw.varint_field(_ATTR_I, kernel_window) if a.number == _ATTR_I else a.raw
-                for a in pw.fields(part.payload)
+                pw.varint_field(ATTR_I, kernel_window) if a.number == ATTR_I else a.raw for a in pw.fields(part.payload)
             ]
-            out.append(pw.length_delimited(_NODE_ATTRIBUTE, attribute))
+            out.append(pw.length_delimited(NODE_ATTRIBUTE, attribute))
         else:
             out.append(part.raw)
     return out
@@ -224,15 +200,15 @@ def _renamed_cast(cast: _Node, source: str, output: str) -> bytes:
     """A copy of ``cast`` (same attributes) from ``source`` to ``output``, with a name of its own."""
     parts: list[bytes] = []
     for part in cast.parts:
-        if part.number == _NODE_INPUT:
-            parts.append(pw.length_delimited(_NODE_INPUT, source.encode()))
-        elif part.number == _NODE_OUTPUT:
-            parts.append(pw.length_delimited(_NODE_OUTPUT, output.encode()))
+        if part.number == NODE_INPUT:
+            parts.append(pw.length_delimited(NODE_INPUT, source.encode()))
+        elif part.number == NODE_OUTPUT:
+            parts.append(pw.length_delimited(NODE_OUTPUT, output.encode()))
         elif part.number == 3:  # NodeProto.name
             parts.append(pw.length_delimited(3, f"{part.text}_window".encode()))
         else:
             parts.append(part.raw)
-    return pw.length_delimited(_GRAPH_NODE, parts)
+    return pw.length_delimited(GRAPH_NODE, parts)
 
 
 def _renamed_value(value_info: pw.Field, name: str) -> list[bytes]:
@@ -244,7 +220,3 @@ def _renamed_value(value_info: pw.Field, name: str) -> list[bytes]:
 
 def _name(field: pw.Field) -> str:
     return next((f.text for f in pw.fields(field.payload) if f.number == _VALUE_NAME), "")
-
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
