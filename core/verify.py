@@ -280,24 +280,56 @@ class Verifier:
     which becomes ``pending``). Each step drafts tokens that follow ``pending``, verifies them with ``chain`` or
     ``tree`` (one target forward), may read that forward's outputs (``host.target.logits()``,
     ``hidden_states()``), then calls ``commit``. ``steps``, ``drafted`` and ``accepted`` count this generation's
-    verify forwards, the drafts they verified and the drafts accepted (``stats()``).
+    steps, the drafts they verified and the drafts accepted (``stats()``); every step is one target forward but the
+    ``unforwarded`` plain steps that read cached logits (``take_over``).
     """
 
     def __init__(self, *, sampling: bool = False, temperature: float = 1.0) -> None:
         self.sampling = sampling
         self.temperature = temperature
         self.pending = -1
+        #: whether the target's cache still holds the pending token, its logits ready (take_over)
+        self._cached = False
         self.steps = self.drafted = self.accepted = 0
+        #: plain steps that read cached logits instead of running a forward
+        self.unforwarded = 0
         #: the target's length before the last verify forward, and whether that forward was a tree
         self._start = 0
         self._tree = False
 
     def start(self, host: Host) -> None:
-        """After the prompt's prefill: drop the last prompt token from the target's cache and make it pending."""
-        target = host.target
-        target.rewind(target.length - 1)
-        self.pending = int(host.prompt_tokens[-1])
-        self.steps = self.drafted = self.accepted = 0
+        """After the prompt's prefill: the last prompt token becomes pending (``take_over``)."""
+        self.steps = self.drafted = self.accepted = self.unforwarded = 0
+        self.take_over(host)
+
+    def take_over(self, host: Host) -> None:
+        """The row's last token (the prompt's after its prefill, the last committed one after other controllers
+        stepped the row) becomes ``pending``. Where the target still caches it with its logits ready, it stays
+        there: a plain step then reads those logits instead of running a forward (as greedy's first token needs
+        none), and a verify forward first takes it out (``settle``)."""
+        target, output = host.target, host.output_tokens
+        context = len(host.prompt_tokens) + len(output)
+        self.pending = int(output[-1] if len(output) else host.prompt_tokens[-1])
+        self._cached = target.length == context and len(target.logits()) > 0
+        if not self._cached and target.length != context - 1:
+            raise ControllerError(
+                f"the target holds {target.length} tokens of a {context}-token context: a verifier takes over a row "
+                "whose cache holds the whole context, or all of it but the last token"
+            )
+
+    @property
+    def pending_cached(self) -> bool:
+        """Whether the target's cache still holds the pending token, its logits ready (``take_over``)."""
+        return self._cached
+
+    def settle(self, host: Host) -> None:
+        """Take the pending token out of the target's cache where ``take_over`` left it there, so that the next
+        forward feeds it (chain and tree do this themselves; a controller that checks the cache's length before
+        choosing how to verify calls it first)."""
+        if self._cached:
+            self._cached = False
+            target = host.target
+            target.rewind(target.length - 1)
 
     def room(self, host: Host) -> int:
         """How many drafts the next verify may hold: no more than the output still takes after the target's own
@@ -308,6 +340,7 @@ class Verifier:
     def chain(self, host: Host, drafts: Sequence[int], q: np.ndarray | None = None) -> Verdict:
         """One target forward over [pending, *drafts]; accept the longest acceptable prefix and one token more.
         ``q``: float64[k, vocab] the distributions sampled drafts were drawn from (None: point masses)."""
+        self.settle(host)
         target = host.target
         self._start, self._tree = target.length, False
         rows = target.forward((self.pending, *drafts))
@@ -322,6 +355,7 @@ class Verifier:
                 f"a draft tree rooted at token {tree.tokens[0]} was given to verify, but the pending token is "
                 f"{self.pending}: build it as DraftTree(verifier.pending)"
             )
+        self.settle(host)
         target = host.target
         self._start, self._tree = target.length, tree.size > 1
         rows = target.forward(tree.tokens, tree.parents) if self._tree else target.forward((self.pending,))
@@ -335,7 +369,12 @@ class Verifier:
         taken as ``chain(host, ())`` takes it (the processed argmax; under sampling a draw from the target's
         distribution) and committed at once. Unless that ends the generation, the token becomes the pending one.
         Returns it. The drafting controllers take this step wherever their rule drafts nothing."""
-        rows = host.target.forward((self.pending,))
+        if self._cached:  # the pending token's logits are the target's last ones: no forward
+            self._cached = False
+            self.unforwarded += 1
+            rows = host.target.logits()[-1:]
+        else:
+            rows = host.target.forward((self.pending,))
         if self.sampling:
             token = accept_chain(host, rows, (), sampling=True, temperature=self.temperature)[1]
         else:
@@ -364,6 +403,7 @@ class Verifier:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            "steps_without_forward": self.unforwarded,
         }
 
     def _count(self, nodes: list[int], tokens: list[int], drafted: int) -> Verdict:

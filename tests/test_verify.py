@@ -205,7 +205,7 @@ def prefilled_host(folder: Path, chain: ProcessorChain | None = None, seed: int 
 
 def assert_pending_invariant(host: Host, verifier: Verifier) -> None:
     context = [*host.prompt_tokens.tolist(), *host.output_tokens]
-    assert host.target.tokens.tolist() == context[:-1]
+    assert host.target.tokens.tolist() == (context if verifier.pending_cached else context[:-1])
     assert verifier.pending == context[-1]
 
 
@@ -224,7 +224,13 @@ def test_a_chain_step_commits_the_accepted_drafts_and_the_targets_token(
     assert verifier.commit(host, verdict) == 3
     assert host.output_tokens == greedy_tokens[:4]
     assert_pending_invariant(host, verifier)
-    assert verifier.stats() == {"steps": 2, "drafted": 3, "accepted": 2, "acceptance_rate": 2 / 3}
+    assert verifier.stats() == {
+        "steps": 2,
+        "drafted": 3,
+        "accepted": 2,
+        "acceptance_rate": 2 / 3,
+        "steps_without_forward": 0,
+    }
 
 
 def test_a_tree_step_keeps_the_accepted_path_among_wrong_branches(
@@ -282,6 +288,45 @@ def test_a_plain_step_takes_the_token_a_chain_of_no_drafts_takes(tree_model: Pat
         assert_pending_invariant(host, verifier)
         taken.append(list(host.output_tokens))
     assert taken[0] == taken[1]
+
+
+def test_the_first_plain_step_reads_the_prefills_logits_and_runs_no_forward(
+    tree_model: Path, greedy_tokens: tuple[int, ...]
+) -> None:
+    host, verifier = prefilled_host(tree_model), Verifier()
+    verifier.start(host)
+    assert verifier.pending_cached  # the prompt's last token stays cached, its logits ready
+    forwards = host.target.stats.forwards
+    assert verifier.plain(host) == greedy_tokens[0]
+    assert host.target.stats.forwards == forwards
+    assert not verifier.pending_cached
+    assert_pending_invariant(host, verifier)
+    assert verifier.plain(host) == greedy_tokens[1]  # now a forward of the pending token
+    assert host.target.stats.forwards == forwards + 1
+
+
+def test_taking_over_a_row_greedy_stepped_keeps_its_tokens(tree_model: Path, greedy_tokens: tuple[int, ...]) -> None:
+    host, verifier = prefilled_host(tree_model), Verifier()
+    verifier.start(host)
+    verifier.plain(host)
+    for token in greedy_tokens[1:4]:  # greedy's steps: the token fed, its logits ready
+        host.commit((token,))
+        host.target.forward((verifier.pending,))
+        verifier.pending = token
+    host.target.forward((greedy_tokens[3],))
+    verifier.take_over(host)
+    assert verifier.pending_cached and verifier.pending == greedy_tokens[3]
+    verdict = verifier.chain(host, list(greedy_tokens[4:6]))  # a verify first takes the cached token out
+    verifier.commit(host, verdict)
+    assert host.output_tokens == greedy_tokens[:7]
+    assert_pending_invariant(host, verifier)
+
+
+def test_taking_over_a_row_whose_cache_lags_is_refused(tree_model: Path) -> None:
+    host, verifier = prefilled_host(tree_model), Verifier()
+    host.target.rewind(host.target.length - 2)
+    with pytest.raises(ControllerError, match="takes over a row"):
+        verifier.start(host)
 
 
 def test_a_tree_rooted_elsewhere_than_the_pending_token_is_refused(tree_model: Path) -> None:

@@ -547,12 +547,15 @@ class Engine:
 
     def _join(self, slot: _Slot) -> int | None:
         """Move a speculating row into the batched step: its pending token (committed, not yet in the target's KV,
-        as a verifying controller leaves it) is fed in this step's Run and greedy steps it until ``_resume``; a
-        controller without ``resume`` joins for good. None (and the row keeps its controller for good) when its KV
-        is not in that state."""
+        as a verifying controller leaves it after a verify) is fed in this step's Run, or, where the KV still holds
+        it with its logits ready (``Verifier.take_over``), greedy takes the next token from them (None is returned
+        and the row steps as a batched one); greedy steps it until ``_resume``; a controller without ``resume``
+        joins for good. None, and the row keeps its controller for good, when its KV is in neither state."""
         host = slot.host
         output = host.output_tokens
-        if host.target.length != len(host.prompt_tokens) + len(output) - 1:
+        context = len(host.prompt_tokens) + len(output)
+        cached = host.target.length == context  # the last token cached, its logits ready: greedy's own state
+        if not cached and host.target.length != context - 1:
             slot.joinable = False
             self.join_rule.forget(slot)
             return None
@@ -563,6 +566,8 @@ class Engine:
             self.join_rule.forget(slot)
         slot.controller, slot.batched = Greedy(), True
         self.joined += 1
+        if cached:  # greedy picks the next token from the cached logits in this step (_advance)
+            return None
         return int(output[-1] if output else host.prompt_tokens[-1])
 
     def _resume(self, slot: _Slot) -> None:

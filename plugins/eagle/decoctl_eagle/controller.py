@@ -483,12 +483,12 @@ class Eagle:
 
     def _defer_one(self, target: Any, token: int) -> None:
         """_defer of a plain step's one pair, its feature row written in place from the target's last forward."""
-        row = self._pairs.add_one(token)
+        row = self._pairs.add_one(token)  # the last row: a plain forward's one, or the prefill's last (take_over)
         if self._taps:
-            row[: self._taps] = target.hidden_states(kind="aux")[0]
+            row[: self._taps] = target.hidden_states(kind="aux")[-1]
             row[self._taps :] = 0.0
         else:
-            row[:] = target.hidden_states()[0]
+            row[:] = target.hidden_states()[-1]
 
     def _catch_up_rows(self) -> int:
         """The rows the next catch-up feeds: the backlog, or its latest ``catch_up_most`` pairs."""

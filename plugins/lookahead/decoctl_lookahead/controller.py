@@ -180,6 +180,7 @@ class Lookahead:
 
     def _draft_and_verify(self, host: Host, context: list[int]) -> tuple[Verdict, int]:
         """One lookahead step's verdict and the tokens its forward fed."""
+        self.verifier.settle(host)  # the cache's length below must not count the pending token
         target = host.target
         room = target.max_length - target.length - 1
         longest = min(self.levels, host.remaining - 1)

@@ -78,7 +78,7 @@ ALWAYS_DRAFT: dict[str, dict[str, Any]] = {
     "lookahead": {"adaptive": False},
     "eagle, tree": {},
     "eagle, chain (the default)": {"adaptive": False, "k": 2},
-    "eagle, chain k=4, unsure stops": {},
+    "eagle, chain k=4, unsure stops": {"adaptive": False},
 }
 
 
@@ -99,5 +99,7 @@ def test_the_real_draft_is_accepted_on_the_bundled_models(strategy: str) -> None
 
     results = assert_greedys_tokens(baseline, fast, PROMPTS, max_new_tokens=64)
 
-    # accepted, not just tolerated: fewer target forwards than tokens over the prompts
-    assert sum(r.stats.forwards["target"] for r in results) < sum(len(r.tokens) for r in results)
+    # accepted, not just tolerated: fewer target forwards than tokens over the prompts (a first plain step, which
+    # reads the prefill's logits, not counted)
+    saved = sum(r.stats.controller.get("steps_without_forward", 0) for r in results)
+    assert sum(r.stats.forwards["target"] for r in results) < sum(len(r.tokens) for r in results) - saved

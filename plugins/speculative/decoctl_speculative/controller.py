@@ -106,9 +106,7 @@ class Speculative:
         self._context = np.zeros(self._length + host.remaining + 1, np.int64)
         self._context[: len(prompt)] = prompt
         self._context[len(prompt) : self._length] = output
-        target = host.target
-        target.rewind(target.length - 1)
-        self.verifier.pending = int(self._context[self._length - 1])
+        self.verifier.take_over(host)
 
     def _mode(self) -> str:
         if not self.sampling:

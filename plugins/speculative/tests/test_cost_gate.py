@@ -121,5 +121,5 @@ def test_drafting_stops_while_forwards_are_dear_and_resumes_when_they_are_cheap_
     stats = result.stats.controller
     assert stats["probes"] >= 1
     assert stats["k_chosen"][0] >= 20  # plain steps while drafting lost
-    assert sum(n for k, n in stats["k_chosen"].items() if k) >= 10  # drafting steps after it paid again
+    assert sum(n for k, n in stats["k_chosen"].items() if k) >= 8  # drafting steps after it paid again
     assert stats["drafting_loss"] < 0  # in all, drafting gained
