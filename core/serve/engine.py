@@ -667,7 +667,7 @@ class Engine:
         target = slot.host.target
         done = target.length
         remaining = len(slot.prompt) - done
-        size = remaining if span is None else self.join_rule.prefill_tokens(span, remaining)
+        size = remaining if span is None else self.join_rule.prefill_tokens(span, remaining, self.max_rows)
         if self.prefill_chunk is not None:
             size = min(size, self.prefill_chunk)
         began = self._clock()

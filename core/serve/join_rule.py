@@ -46,7 +46,9 @@ Prompts: a prompt's forward stalls the batched rows as a drafting step does. Wit
 one prompt a chunk a step, of ``prefill_tokens`` tokens: as many as fit in ``PREFILL_SHARE`` of the batched Run's
 measured seconds, priced from the prompt forwards measured so far (by size, as Runs are), and at least as many as
 fit in ``MIN_CHUNK`` one-token prompt forwards (a forward's fixed cost, reading the weights, would make smaller chunks
-mostly waste). With no row decoding, a prompt goes in whole.
+mostly waste); while the batch is not full, as many as keep the step within what a full batch's step with its share
+would take (the rows wait no longer than they would beside a full batch, and a prompt behind a few rows goes in
+large chunks rather than a token a step). With no row decoding, a prompt goes in whole.
 """
 
 from __future__ import annotations
@@ -129,14 +131,18 @@ class JoinRule:
             self._prefill_means = _means(self._prefills)
         return self._prefill_means
 
-    def prefill_tokens(self, span: int, remaining: int) -> int:
-        """How many of a prompt's ``remaining`` tokens to feed in a step whose batched Run spans ``span`` rows (see
-        the module docstring): all of them before a Run and a prompt forward were measured."""
-        run = _priced(self._runs_by_size(), span)
+    def prefill_tokens(self, span: int, remaining: int, capacity: int | None = None) -> int:
+        """How many of a prompt's ``remaining`` tokens to feed in a step whose batched Run spans ``span`` rows of
+        ``capacity`` (see the module docstring): all of them before a Run and a prompt forward were measured."""
+        runs = self._runs_by_size()
+        run = _priced(runs, span)
         one = self.prefill_seconds(1)
         if run is None or not one:
             return remaining
         allowance = max(PREFILL_SHARE * run, MIN_CHUNK * one)
+        full = _priced(runs, capacity) if capacity is not None and capacity > span else None
+        if full is not None:  # a step no longer than a full batch's, with its share: what its rows would wait
+            allowance = max(allowance, (1 + PREFILL_SHARE) * full - run)
         tokens = 1
         while tokens < remaining and (self.prefill_seconds(tokens + 1) or 0.0) <= allowance:
             tokens += 1

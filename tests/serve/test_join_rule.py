@@ -109,6 +109,18 @@ def test_a_prompt_chunk_is_never_smaller_than_a_few_one_token_forwards_allow() -
     assert rule.prefill_tokens(1, 100) == int((MIN_CHUNK * 0.5 - 0.5) / 0.04) + 1 > 1
 
 
+def test_a_prompt_behind_a_few_rows_goes_in_chunks_a_full_batchs_step_allows() -> None:
+    rule = rule_with({1: 0.5, 16: 2.0})
+    rule.observe_prefill(1, 0.5)
+    rule.observe_prefill(11, 0.9)  # 0.5 + 0.04 a token
+    small = rule.prefill_tokens(1, 200)  # without the capacity: one-token forwards' floor only
+    assert small == int((MIN_CHUNK * 0.5 - 0.5) / 0.04) + 1
+    # beside one row of 16: the step may take what a full batch's step with its share takes, less the Run's own
+    assert rule.prefill_tokens(1, 200, 16) == int(((1 + PREFILL_SHARE) * 2.0 - 0.5 - 0.5) / 0.04) + 1 > small
+    # a full batch gets its share only
+    assert rule.prefill_tokens(16, 200, 16) == rule.prefill_tokens(16, 200)
+
+
 def test_a_joined_row_drafts_again_when_the_batch_shrinks() -> None:
     # the row commits 3 tokens a step of 1.5 units; beside 8 rows (Run of 8: 3.0, of 9: 3.2) it is batched:
     # drafting gives (8 + 3) / 4.5 = 2.4 tokens a unit against 9 / 3.2 = 2.8
