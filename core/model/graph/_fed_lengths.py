@@ -27,28 +27,30 @@ from decoctl.model.graph import _protowire as pw
 from decoctl.model.graph._nodes import (
     ATTR_INTS,
     ATTR_T,
+    GQA_SEQLENS_K,
+    GQA_TOTAL_LENGTH,
     GRAPH_INITIALIZER,
     GRAPH_INPUT,
     GRAPH_NODE,
     GRAPH_OUTPUT,
+    INT32,
+    INT64,
     MODEL_GRAPH,
+    SHAPE_DIM,
+    TENSOR_ELEM_TYPE,
+    TENSOR_SHAPE,
+    TYPE_TENSOR,
+    VALUE_NAME,
+    VALUE_TYPE,
     GraphNode,
     Kept,
     signed,
+    value_name,
 )
 
 __all__ = ["FedLengths", "Kept", "Rewritten", "rewrite"]
 
-# ModelProto.graph; GraphProto.node / initializer / input / output; NodeProto.input / output / op_type /
-# attribute / domain; AttributeProto.name / i / t / ints; TensorProto.dims / data_type / int64_data / name /
-# raw_data; ValueInfoProto.name / type; TypeProto.tensor_type; TypeProto.Tensor.elem_type / shape;
-# TensorShapeProto.dim (field numbers from onnx.proto)
-_TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_INT64_DATA, _TENSOR_NAME, _TENSOR_RAW_DATA = 1, 2, 7, 8, 9
-_VALUE_NAME, _VALUE_TYPE = 1, 2
-_TYPE_TENSOR, _TENSOR_ELEM_TYPE, _TENSOR_SHAPE, _SHAPE_DIM = 1, 1, 2, 1
-_INT32, _INT64 = 6, 7
 
-_GQA_SEQLENS_K, _GQA_TOTAL_LENGTH = 5, 6
 _BUILDER = "onnxruntime-genai's builder"
 
 #: a small int64 constant: a list for a 1-D tensor, ((), value) for a scalar
@@ -88,10 +90,10 @@ def rewrite(model: bytes, attention_mask: str) -> Rewritten | Kept:
     if isinstance(found, Kept):
         return found
     lengths, removed = found
-    mask_info = next(f for f in graph_fields if f.number == GRAPH_INPUT and _value_name(f) == attention_mask)
+    mask_info = next(f for f in graph_fields if f.number == GRAPH_INPUT and value_name(f) == attention_mask)
     new_inputs = [
-        pw.length_delimited(GRAPH_INPUT, _tensor_value(lengths.seqlens_k, _INT32, [_first_dim(mask_info)])),
-        pw.length_delimited(GRAPH_INPUT, _tensor_value(lengths.total_sequence_length, _INT32, [])),
+        pw.length_delimited(GRAPH_INPUT, _tensor_value(lengths.seqlens_k, INT32, [_first_dim(mask_info)])),
+        pw.length_delimited(GRAPH_INPUT, _tensor_value(lengths.total_sequence_length, INT32, [])),
     ]
     kept: list[bytes] = []
     node_index = 0
@@ -111,10 +113,10 @@ def rewrite(model: bytes, attention_mask: str) -> Rewritten | Kept:
 def _match(
     nodes: Sequence[GraphNode], graph_fields: Sequence[pw.Field], mask: str
 ) -> tuple[FedLengths, set[int]] | Kept:
-    attention = [n for n in nodes if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
+    attention = [n for n in nodes if n.is_gqa]
     if not attention:
         return Kept(reason="no com.microsoft GroupQueryAttention node")
-    slots = {(n.input(_GQA_SEQLENS_K), n.input(_GQA_TOTAL_LENGTH)) for n in attention}
+    slots = {(n.input(GQA_SEQLENS_K), n.input(GQA_TOTAL_LENGTH)) for n in attention}
     if len(slots) != 1 or "" in next(iter(slots)):
         return Kept(reason="the GroupQueryAttention nodes do not share one seqlens_k and total_sequence_length")
     seqlens_k, total = next(iter(slots))
@@ -124,8 +126,8 @@ def _match(
     for node in nodes:
         for slot, name in enumerate(node.inputs):
             consumers[name].append((node, slot))
-    graph_outputs = {_value_name(f) for f in graph_fields if f.number == GRAPH_OUTPUT}
-    if mask not in {_value_name(f) for f in graph_fields if f.number == GRAPH_INPUT}:
+    graph_outputs = {value_name(f) for f in graph_fields if f.number == GRAPH_OUTPUT}
+    if mask not in {value_name(f) for f in graph_fields if f.number == GRAPH_INPUT}:
         return Kept(reason=f"the graph has no {mask!r} input")
 
     def made_by(name: str, op_type: str, arity: int) -> GraphNode | None:
@@ -147,7 +149,7 @@ def _match(
     if not (cast_k and sub and reduce and cast_t and gather and shape):
         return Kept(reason=f"seqlens_k and total_sequence_length are not computed the way {_BUILDER} does")
     checks = [
-        cast_k.int_attribute("to") == _INT32 and cast_t.int_attribute("to") == _INT32,
+        cast_k.int_attribute("to") == INT32 and cast_t.int_attribute("to") == INT32,
         reduce.inputs[0] == mask
         and reduce.int_attribute("keepdims") == 0
         and _reduced_axes(reduce, constants) in ([1], [-1]),
@@ -159,8 +161,8 @@ def _match(
         return Kept(reason=f"the mask subgraph differs from {_BUILDER}'s in an attribute or constant")
     subgraph = [cast_k, sub, reduce, cast_t, gather, shape]
     removed = {node.index for node in subgraph}
-    for name, wanted in ((seqlens_k, _GQA_SEQLENS_K), (total, _GQA_TOTAL_LENGTH)):
-        if any(n.op_type != "GroupQueryAttention" or slot != wanted for n, slot in consumers[name]):
+    for name, wanted in ((seqlens_k, GQA_SEQLENS_K), (total, GQA_TOTAL_LENGTH)):
+        if any(not n.is_gqa or slot != wanted for n, slot in consumers[name]):
             return Kept(reason=f"{name!r} feeds more than GroupQueryAttention's length inputs")
     for node in subgraph:
         if node in (cast_k, cast_t):
@@ -214,35 +216,31 @@ def _int64_tensor(payload: bytes) -> tuple[str, _Constant | None]:
     values: list[int] | None = list(read.int64s) or None
     if read.raw is not None and len(read.raw) % 8 == 0:
         values = list(struct.unpack(f"<{len(read.raw) // 8}q", read.raw))
-    if read.data_type != _INT64 or values is None or len(read.dims) > 1 or len(values) > 8:
+    if read.data_type != INT64 or values is None or len(read.dims) > 1 or len(values) > 8:
         return read.name, None
     if not read.dims:
         return read.name, (((), values[0]) if len(values) == 1 else None)
     return read.name, (values if read.dims[0] == len(values) else None)
 
 
-def _value_name(field: pw.Field) -> str:
-    return next((f.text for f in pw.fields(field.payload) if f.number == _VALUE_NAME), "")
-
-
 def _first_dim(value_info: pw.Field) -> bytes:
     """The first Dimension of a tensor ValueInfoProto, as encoded (a dim_param such as 'batch_size')."""
     for part in pw.fields(value_info.payload):
-        if part.number != _VALUE_TYPE:
+        if part.number != VALUE_TYPE:
             continue
         for tensor in pw.fields(part.payload):
-            if tensor.number != _TYPE_TENSOR:
+            if tensor.number != TYPE_TENSOR:
                 continue
             for shape in pw.fields(tensor.payload):
-                if shape.number == _TENSOR_SHAPE:
+                if shape.number == TENSOR_SHAPE:
                     for dim in pw.fields(shape.payload):
-                        if dim.number == _SHAPE_DIM:
+                        if dim.number == SHAPE_DIM:
                             return dim.payload
     return pw.length_delimited(2, b"batch_size")  # Dimension.dim_param
 
 
 def _tensor_value(name: str, elem_type: int, dims: list[bytes]) -> bytes:
     """A ValueInfoProto for a tensor input; no dims encodes a scalar (an empty shape, not an unknown one)."""
-    shape = pw.length_delimited(_TENSOR_SHAPE, [pw.length_delimited(_SHAPE_DIM, d) for d in dims])
-    tensor = pw.length_delimited(_TYPE_TENSOR, [pw.varint_field(_TENSOR_ELEM_TYPE, elem_type), shape])
-    return pw.length_delimited(_VALUE_NAME, name.encode()) + pw.length_delimited(_VALUE_TYPE, tensor)
+    shape = pw.length_delimited(TENSOR_SHAPE, [pw.length_delimited(SHAPE_DIM, d) for d in dims])
+    tensor = pw.length_delimited(TYPE_TENSOR, [pw.varint_field(TENSOR_ELEM_TYPE, elem_type), shape])
+    return pw.length_delimited(VALUE_NAME, name.encode()) + pw.length_delimited(VALUE_TYPE, tensor)

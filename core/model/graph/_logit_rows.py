@@ -20,14 +20,26 @@ import attrs
 
 from decoctl.model.graph import _protowire as pw
 from decoctl.model.graph._nodes import (
+    DIM_VALUE,
     GRAPH_INITIALIZER,
     GRAPH_INPUT,
     GRAPH_NODE,
+    INT64,
     MODEL_GRAPH,
     NODE_INPUT,
     NODE_NAME,
     NODE_OP_TYPE,
     NODE_OUTPUT,
+    SHAPE_DIM,
+    TENSOR_DATA_TYPE,
+    TENSOR_DIMS,
+    TENSOR_ELEM_TYPE,
+    TENSOR_NAME,
+    TENSOR_RAW_DATA,
+    TENSOR_SHAPE,
+    TYPE_TENSOR,
+    VALUE_NAME,
+    VALUE_TYPE,
     GraphNode,
     Kept,
 )
@@ -37,13 +49,6 @@ __all__ = ["LOGITS_FROM", "Kept", "Rewritten", "rewrite"]
 #: the graph input the rewritten graph takes: the first position whose logits a Run computes
 LOGITS_FROM = "logits_from"
 
-# ModelProto.graph; GraphProto.node / initializer / input; NodeProto.input / output / name / op_type;
-# ValueInfoProto.name / type; TypeProto.tensor_type; TypeProto.Tensor.elem_type / shape;
-# TensorShapeProto.dim; Dimension.dim_value; TensorProto.dims / data_type / name / raw_data (from onnx.proto)
-_VALUE_NAME, _VALUE_TYPE = 1, 2
-_TYPE_TENSOR, _TENSOR_ELEM_TYPE, _TENSOR_SHAPE, _SHAPE_DIM, _DIM_VALUE = 1, 1, 2, 1, 1
-_T_DIMS, _T_DATA_TYPE, _T_NAME, _T_RAW = 1, 2, 8, 9
-_INT64 = 7
 
 #: nodes between the LM head and the logits output that work row by row (their first input the data)
 _ROW_WISE = frozenset({"Cast", "Tanh", "Div", "Mul", "Add", "Sub"})
@@ -126,23 +131,23 @@ def _reading(node: pw.Field, source: str) -> list[bytes]:
 def _int64s(name: str, values: list[int]) -> list[bytes]:
     """A TensorProto: int64[len(values)] named ``name``."""
     return [
-        pw.varint_field(_T_DIMS, len(values)),
-        pw.varint_field(_T_DATA_TYPE, _INT64),
-        pw.length_delimited(_T_NAME, name.encode()),
-        pw.length_delimited(_T_RAW, struct.pack(f"<{len(values)}q", *values)),
+        pw.varint_field(TENSOR_DIMS, len(values)),
+        pw.varint_field(TENSOR_DATA_TYPE, INT64),
+        pw.length_delimited(TENSOR_NAME, name.encode()),
+        pw.length_delimited(TENSOR_RAW_DATA, struct.pack(f"<{len(values)}q", *values)),
     ]
 
 
 def _int64_input(name: str) -> list[bytes]:
     """A ValueInfoProto: ``name``, int64[1]."""
-    dim = pw.length_delimited(_SHAPE_DIM, pw.varint_field(_DIM_VALUE, 1))
-    tensor = [pw.varint_field(_TENSOR_ELEM_TYPE, _INT64), pw.length_delimited(_TENSOR_SHAPE, dim)]
+    dim = pw.length_delimited(SHAPE_DIM, pw.varint_field(DIM_VALUE, 1))
+    tensor = [pw.varint_field(TENSOR_ELEM_TYPE, INT64), pw.length_delimited(TENSOR_SHAPE, dim)]
     return [
-        pw.length_delimited(_VALUE_NAME, name.encode()),
-        pw.length_delimited(_VALUE_TYPE, pw.length_delimited(_TYPE_TENSOR, tensor)),
+        pw.length_delimited(VALUE_NAME, name.encode()),
+        pw.length_delimited(VALUE_TYPE, pw.length_delimited(TYPE_TENSOR, tensor)),
     ]
 
 
 def _name(field: pw.Field) -> str:
-    number = _VALUE_NAME if field.number == GRAPH_INPUT else _T_NAME
+    number = VALUE_NAME if field.number == GRAPH_INPUT else TENSOR_NAME
     return next((f.text for f in pw.fields(field.payload) if f.number == number), "")

@@ -1,5 +1,6 @@
 """ONNX's graph pieces as the rewrites read them from the wire (decoctl.model.graph._protowire): the field numbers
-of ModelProto, GraphProto, NodeProto and AttributeProto they use, a node parsed once (inputs, outputs, op type,
+from onnx.proto they use (ModelProto, GraphProto, NodeProto, AttributeProto, ValueInfoProto, TypeProto,
+TensorShapeProto, TensorProto; element types INT32 and INT64), a node parsed once (inputs, outputs, op type,
 domain and attributes by name), and ``Kept``, what a rewrite answers when it leaves a graph as it is."""
 
 from __future__ import annotations
@@ -13,27 +14,57 @@ __all__ = [
     "ATTR_INTS",
     "ATTR_NAME",
     "ATTR_T",
+    "DIM_VALUE",
+    "GQA",
+    "GQA_ATTENTION_BIAS",
+    "GQA_COS_CACHE",
+    "GQA_PAST_KEY",
+    "GQA_POSITION_IDS",
+    "GQA_SEQLENS_K",
+    "GQA_TOTAL_LENGTH",
     "GRAPH_INITIALIZER",
     "GRAPH_INPUT",
     "GRAPH_NODE",
     "GRAPH_OUTPUT",
     "GRAPH_VALUE_INFO",
+    "INT32",
+    "INT64",
     "MODEL_GRAPH",
+    "MS_DOMAIN",
     "NODE_ATTRIBUTE",
     "NODE_DOMAIN",
     "NODE_INPUT",
     "NODE_NAME",
     "NODE_OP_TYPE",
     "NODE_OUTPUT",
+    "SHAPE_DIM",
+    "TENSOR_DATA_TYPE",
+    "TENSOR_DIMS",
+    "TENSOR_ELEM_TYPE",
+    "TENSOR_INT64_DATA",
+    "TENSOR_NAME",
+    "TENSOR_RAW_DATA",
+    "TENSOR_SHAPE",
+    "TYPE_TENSOR",
+    "VALUE_NAME",
+    "VALUE_TYPE",
     "GraphNode",
     "Kept",
     "signed",
+    "value_name",
 ]
 
 MODEL_GRAPH = 7
 GRAPH_NODE, GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_OUTPUT, GRAPH_VALUE_INFO = 1, 5, 11, 12, 13
 NODE_INPUT, NODE_OUTPUT, NODE_NAME, NODE_OP_TYPE, NODE_ATTRIBUTE, NODE_DOMAIN = 1, 2, 3, 4, 5, 7
 ATTR_NAME, ATTR_I, ATTR_T, ATTR_INTS = 1, 3, 5, 8
+VALUE_NAME, VALUE_TYPE = 1, 2
+TYPE_TENSOR, TENSOR_ELEM_TYPE, TENSOR_SHAPE, SHAPE_DIM, DIM_VALUE = 1, 1, 2, 1, 1
+TENSOR_DIMS, TENSOR_DATA_TYPE, TENSOR_INT64_DATA, TENSOR_NAME, TENSOR_RAW_DATA = 1, 2, 7, 8, 9
+INT32, INT64 = 6, 7
+#: onnxruntime's GroupQueryAttention, and the input slots the rewrites read or wire
+GQA, MS_DOMAIN = "GroupQueryAttention", "com.microsoft"
+GQA_PAST_KEY, GQA_SEQLENS_K, GQA_TOTAL_LENGTH, GQA_COS_CACHE, GQA_POSITION_IDS, GQA_ATTENTION_BIAS = 3, 5, 6, 7, 9, 10
 
 
 @attrs.frozen(kw_only=True)
@@ -75,6 +106,11 @@ class GraphNode:
                 node.attributes[name] = attribute
         return node
 
+    @property
+    def is_gqa(self) -> bool:
+        """Whether the node is onnxruntime's (com.microsoft) GroupQueryAttention."""
+        return self.op_type == GQA and self.domain == MS_DOMAIN
+
     def input(self, slot: int) -> str:
         """The name fed to input ``slot`` ("" where none is)."""
         return self.inputs[slot] if len(self.inputs) > slot else ""
@@ -88,3 +124,8 @@ class GraphNode:
 def signed(value: int) -> int:
     """A varint read as int64."""
     return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def value_name(field: pw.Field) -> str:
+    """A ValueInfoProto's name (a graph input, output or value_info)."""
+    return next((f.text for f in pw.fields(field.payload) if f.number == VALUE_NAME), "")

@@ -23,6 +23,22 @@ from typing import Any
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
 from decoctl.model.graph import _protowire as pw
+from decoctl.model.graph._nodes import (
+    GQA,
+    GQA_ATTENTION_BIAS,
+    GQA_COS_CACHE,
+    GQA_PAST_KEY,
+    GQA_POSITION_IDS,
+    GRAPH_INPUT,
+    GRAPH_NODE,
+    GRAPH_OUTPUT,
+    GRAPH_VALUE_INFO,
+    MODEL_GRAPH,
+    MS_DOMAIN,
+    NODE_INPUT,
+    GraphNode,
+    value_name,
+)
 
 __all__ = ["ATTENTION_BIAS", "POSITION_IDS", "disable_tree", "enable_tree"]
 
@@ -32,13 +48,7 @@ POSITION_IDS = "position_ids"
 ATTENTION_BIAS = "attention_bias"
 GENAI_CONFIG = "genai_config.json"
 
-_MS_DOMAIN = "com.microsoft"
-_GQA = "GroupQueryAttention"
 # GroupQueryAttention's input slots in onnxruntime's contrib operator schema (since version 1).
-_GQA_PAST_KEY = 3
-_GQA_COS_CACHE = 7
-_GQA_POSITION_IDS = 9
-_GQA_ATTENTION_BIAS = 10
 
 
 def enable_tree(src: str | Path, dst: str | Path) -> Path:
@@ -75,14 +85,8 @@ def enable_tree(src: str | Path, dst: str | Path) -> Path:
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ConfigError(f"{target} already exists and is not empty: give a new folder (enable-tree never overwrites)")
 
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    try:
-        decoder = config["model"]["decoder"]
-        filename = str(decoder.get("filename", "model.onnx"))
-        inputs = decoder.setdefault("inputs", {})
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ModelLoadError(f"{config_path} lacks model.decoder ({exc!r}): re-export the model") from exc
-    position_ids = str(inputs.get(POSITION_IDS, POSITION_IDS))
+    config, filename, position_ids = _genai_decoder(source)
+    inputs = config["model"]["decoder"]["inputs"]
     sized_by = (str(inputs.get("input_ids", "input_ids")), str(inputs.get("attention_mask", "attention_mask")))
     onnx_path = source / filename
     try:
@@ -121,7 +125,7 @@ def _wire_tree_inputs(onnx: Any, graph: Any, position_ids: str, sized_by: tuple[
 
     ``sized_by``: the input_ids and attention_mask input names, whose dimensions name the new inputs'.
     """
-    nodes = [n for n in graph.node if n.op_type == _GQA and n.domain == _MS_DOMAIN]
+    nodes = [n for n in graph.node if n.op_type == GQA and n.domain == MS_DOMAIN]
     if not nodes:
         raise ModelLoadError(
             f"{onnx_path} has no com.microsoft GroupQueryAttention node: enable-tree supports models exported "
@@ -150,8 +154,8 @@ def _wire_tree_inputs(onnx: Any, graph: Any, position_ids: str, sized_by: tuple[
         cast.attribute.append(onnx.helper.make_attribute("to", compute_type))
         new_nodes.append(cast)
     for node in nodes:
-        slots = list(node.input) + [""] * max(0, _GQA_ATTENTION_BIAS + 1 - len(node.input))
-        for slot, name in ((_GQA_POSITION_IDS, position_ids), (_GQA_ATTENTION_BIAS, bias)):
+        slots = list(node.input) + [""] * max(0, GQA_ATTENTION_BIAS + 1 - len(node.input))
+        for slot, name in ((GQA_POSITION_IDS, position_ids), (GQA_ATTENTION_BIAS, bias)):
             if slots[slot] not in ("", name):
                 raise ModelLoadError(
                     f"{onnx_path}: node {node.name!r} already feeds input {slot} of GroupQueryAttention from "
@@ -195,7 +199,7 @@ def _compute_type(onnx: Any, graph: Any, node: Any) -> int:
     for value in [*graph.input, *graph.value_info]:
         types[value.name] = value.type.tensor_type.elem_type
     floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
-    for slot in (_GQA_COS_CACHE, _GQA_PAST_KEY):
+    for slot in (GQA_COS_CACHE, GQA_PAST_KEY):
         if len(node.input) > slot and types.get(node.input[slot]) in floats:
             return int(types[node.input[slot]])
     return int(onnx.TensorProto.FLOAT)
@@ -224,14 +228,6 @@ def _check_input(value: Any, elem_type: int, rank: int, onnx_path: Path) -> None
             f"{onnx_path} already has an input {value.name!r} of another type or rank than tree verification "
             "needs; re-export the model without it"
         )
-
-
-# ModelProto.graph; GraphProto.node / input / output / value_info; NodeProto.input / output / op_type / domain;
-# ValueInfoProto.name (field numbers from onnx.proto)
-_MODEL_GRAPH = 7
-_GRAPH_NODE, _GRAPH_INPUT, _GRAPH_OUTPUT, _GRAPH_VALUE_INFO = 1, 11, 12, 13
-_NODE_INPUT, _NODE_OUTPUT, _NODE_OP_TYPE, _NODE_DOMAIN = 1, 2, 4, 7
-_VALUE_NAME = 1
 
 
 def disable_tree(src: str | Path, dst: str | Path) -> Path:
@@ -323,12 +319,12 @@ def has_tree_inputs(model: bytes) -> bool:
     GroupQueryAttention node's position_ids or attention_bias slot (what ``disable_tree`` would remove)."""
     graph = _single_graph(list(pw.fields(model)), "the model")
     fields = list(pw.fields(graph.payload))
-    if ATTENTION_BIAS in {_value_name(f) for f in fields if f.number == _GRAPH_INPUT}:
+    if ATTENTION_BIAS in {value_name(f) for f in fields if f.number == GRAPH_INPUT}:
         return True
     for field in fields:
-        if field.number == _GRAPH_NODE:
-            op_type, domain, inputs, _ = _node_parts(field)
-            if _is_gqa(op_type, domain) and any(_slot(inputs, s) for s in (_GQA_POSITION_IDS, _GQA_ATTENTION_BIAS)):
+        if field.number == GRAPH_NODE:
+            node = GraphNode.parse(field)
+            if node.is_gqa and any(node.input(s) for s in (GQA_POSITION_IDS, GQA_ATTENTION_BIAS)):
                 return True
     return False
 
@@ -339,8 +335,8 @@ def without_tree_inputs(model: bytes, position_ids: str, onnx_path: Path) -> tup
     model_fields = list(pw.fields(model))
     graph = _single_graph(model_fields, str(onnx_path))
     fields = list(pw.fields(graph.payload))
-    parsed = {i: _node_parts(f) for i, f in enumerate(fields) if f.number == _GRAPH_NODE}
-    attention = [i for i, (op, domain, _, _) in parsed.items() if _is_gqa(op, domain)]
+    parsed = {i: GraphNode.parse(f, i) for i, f in enumerate(fields) if f.number == GRAPH_NODE}
+    attention = [i for i, node in parsed.items() if node.is_gqa]
     if not attention:
         raise ModelLoadError(
             f"{onnx_path} has no com.microsoft GroupQueryAttention node: only onnxruntime-genai builder graphs "
@@ -348,29 +344,32 @@ def without_tree_inputs(model: bytes, position_ids: str, onnx_path: Path) -> tup
         )
     # a Cast of the bias to the model's compute type (enable_tree adds one for half-precision graphs)
     bias_casts = {
-        outputs[0]: i
-        for i, (op, domain, inputs, outputs) in parsed.items()
-        if op == "Cast" and domain in ("", "ai.onnx") and inputs[:1] == [ATTENTION_BIAS] and len(outputs) == 1
+        n.outputs[0]: i
+        for i, n in parsed.items()
+        if n.op_type == "Cast"
+        and n.domain in ("", "ai.onnx")
+        and n.inputs[:1] == [ATTENTION_BIAS]
+        and len(n.outputs) == 1
     }
     for index in attention:
-        op, domain, inputs, outputs = parsed[index]
+        node = parsed[index]
         for slot, allowed in (
-            (_GQA_POSITION_IDS, {position_ids}),
-            (_GQA_ATTENTION_BIAS, {ATTENTION_BIAS, *bias_casts}),
+            (GQA_POSITION_IDS, {position_ids}),
+            (GQA_ATTENTION_BIAS, {ATTENTION_BIAS, *bias_casts}),
         ):
-            if _slot(inputs, slot) not in ("", *allowed):
+            if node.input(slot) not in ("", *allowed):
                 raise ModelLoadError(
-                    f"{onnx_path}: input {slot} of GroupQueryAttention is fed from {inputs[slot]!r}, not from the "
+                    f"{onnx_path}: input {slot} of GroupQueryAttention is fed from {node.input(slot)!r}, not from the "
                     f"tree inputs enable-tree adds: give the model as exported, without them"
                 )
-        emptied = [("" if s in (_GQA_POSITION_IDS, _GQA_ATTENTION_BIAS) else name) for s, name in enumerate(inputs)]
+        emptied = [("" if s in (GQA_POSITION_IDS, GQA_ATTENTION_BIAS) else name) for s, name in enumerate(node.inputs)]
         while emptied and not emptied[-1]:
             emptied.pop()
-        parsed[index] = (op, domain, emptied, outputs)
-    graph_outputs = {_value_name(f) for f in fields if f.number == _GRAPH_OUTPUT}
+        node.inputs = emptied
+    graph_outputs = {value_name(f) for f in fields if f.number == GRAPH_OUTPUT}
 
     def read(name: str, skipping: set[int]) -> bool:
-        return name in graph_outputs or any(name in p[2] for i, p in parsed.items() if i not in skipping)
+        return name in graph_outputs or any(name in n.inputs for i, n in parsed.items() if i not in skipping)
 
     dropped = {i for name, i in bias_casts.items() if not read(name, {i})}
     if read(ATTENTION_BIAS, dropped):
@@ -379,42 +378,27 @@ def without_tree_inputs(model: bytes, position_ids: str, onnx_path: Path) -> tup
             "derived from it; give one exported without tree inputs"
         )
     positions_left = read(position_ids, dropped)
-    gone = {ATTENTION_BIAS, *(parsed[i][3][0] for i in dropped), *(() if positions_left else (position_ids,))}
+    gone = {ATTENTION_BIAS, *(parsed[i].outputs[0] for i in dropped), *(() if positions_left else (position_ids,))}
     kept: list[bytes] = []
     for index, field in enumerate(fields):
-        if field.number == _GRAPH_NODE:
+        if field.number == GRAPH_NODE:
             if index in dropped:
                 continue
             if index in attention:
-                kept.append(_with_inputs(field, parsed[index][2]))
+                kept.append(_with_inputs(field, parsed[index].inputs))
                 continue
-        elif field.number in (_GRAPH_INPUT, _GRAPH_VALUE_INFO) and _value_name(field) in gone:
+        elif field.number in (GRAPH_INPUT, GRAPH_VALUE_INFO) and value_name(field) in gone:
             continue
         kept.append(field.raw)
-    new_graph = pw.length_delimited(_MODEL_GRAPH, kept)
+    new_graph = pw.length_delimited(MODEL_GRAPH, kept)
     return b"".join(new_graph if f is graph else f.raw for f in model_fields), positions_left
 
 
 def _single_graph(model_fields: list[pw.Field], where: str) -> pw.Field:
-    graphs = [f for f in model_fields if f.number == _MODEL_GRAPH]
+    graphs = [f for f in model_fields if f.number == MODEL_GRAPH]
     if len(graphs) != 1:
         raise ModelLoadError(f"{where} holds no single ONNX graph: it is not an ONNX model file or is corrupt")
     return graphs[0]
-
-
-def _node_parts(field: pw.Field) -> tuple[str, str, list[str], list[str]]:
-    """(op_type, domain, inputs, outputs) of a NodeProto field."""
-    op_type, domain, inputs, outputs = "", "", [], []
-    for part in pw.fields(field.payload):
-        if part.number == _NODE_INPUT:
-            inputs.append(part.text)
-        elif part.number == _NODE_OUTPUT:
-            outputs.append(part.text)
-        elif part.number == _NODE_OP_TYPE:
-            op_type = part.text
-        elif part.number == _NODE_DOMAIN:
-            domain = part.text
-    return op_type, domain, inputs, outputs
 
 
 def _with_inputs(field: pw.Field, inputs: list[str]) -> bytes:
@@ -422,21 +406,9 @@ def _with_inputs(field: pw.Field, inputs: list[str]) -> bytes:
     parts: list[bytes] = []
     written = False
     for part in pw.fields(field.payload):
-        if part.number != _NODE_INPUT:
+        if part.number != NODE_INPUT:
             parts.append(part.raw)
         elif not written:
-            parts.extend(pw.length_delimited(_NODE_INPUT, name.encode()) for name in inputs)
+            parts.extend(pw.length_delimited(NODE_INPUT, name.encode()) for name in inputs)
             written = True
-    return pw.length_delimited(_GRAPH_NODE, parts)
-
-
-def _is_gqa(op_type: str, domain: str) -> bool:
-    return op_type == _GQA and domain == _MS_DOMAIN
-
-
-def _slot(inputs: list[str], slot: int) -> str:
-    return inputs[slot] if len(inputs) > slot else ""
-
-
-def _value_name(field: pw.Field) -> str:
-    return next((f.text for f in pw.fields(field.payload) if f.number == _VALUE_NAME), "")
+    return pw.length_delimited(GRAPH_NODE, parts)

@@ -33,28 +33,25 @@ from decoctl.model.graph import _protowire as pw
 from decoctl.model.graph._nodes import (
     ATTR_I,
     ATTR_NAME,
+    GQA,
+    GQA_ATTENTION_BIAS,
+    GQA_PAST_KEY,
     GRAPH_INPUT,
     GRAPH_NODE,
     MODEL_GRAPH,
     NODE_ATTRIBUTE,
     NODE_INPUT,
     NODE_OUTPUT,
+    VALUE_NAME,
     GraphNode,
     Kept,
+    value_name,
 )
 
 __all__ = ["Kept", "Rewritten", "WindowBias", "has_window", "rewrite", "ring_windows"]
 
-# ModelProto.graph; GraphProto.node / input; NodeProto.input / output / op_type / attribute / domain;
-# AttributeProto.name / i; ValueInfoProto.name (field numbers from onnx.proto)
-_VALUE_NAME = 1
-
-_MS_DOMAIN = "com.microsoft"
-_GQA = "GroupQueryAttention"
-_GQA_ATTENTION_BIAS = 10
 _WINDOW = "local_window_size"
 _RING = "sliding_window_cache"
-_GQA_PAST_KEY = 3
 
 
 @attrs.frozen(kw_only=True)
@@ -96,7 +93,7 @@ def _gqa_nodes(model: bytes) -> Iterator[_Node]:
         for field in pw.fields(graph.payload):
             if field.number == GRAPH_NODE:
                 node = _Node.parse(field)
-                if node.op_type == _GQA and node.domain == _MS_DOMAIN:
+                if node.is_gqa:
                     yield node
 
 
@@ -109,7 +106,7 @@ def ring_windows(model: bytes) -> dict[str, int]:
     """The window of every GroupQueryAttention node that keeps a ring cache (``sliding_window_cache=1``), keyed by
     its past-key input."""
     return {
-        node.input(_GQA_PAST_KEY): node.window
+        node.input(GQA_PAST_KEY): node.window
         for node in _gqa_nodes(model)
         if node.ring and node.window is not None and node.window > 0
     }
@@ -124,7 +121,7 @@ def rewrite(model: bytes, attention_bias: str, ring_slack: int = 0) -> Rewritten
     if len(graphs) != 1:
         return Kept(reason="the file holds no single graph")
     graph_fields = list(pw.fields(graphs[0].payload))
-    bias_info = next((f for f in graph_fields if f.number == GRAPH_INPUT and _name(f) == attention_bias), None)
+    bias_info = next((f for f in graph_fields if f.number == GRAPH_INPUT and value_name(f) == attention_bias), None)
     if bias_info is None:
         return Kept(reason=f"the graph has no {attention_bias} input")
     nodes = {id(f): _Node.parse(f) for f in graph_fields if f.number == GRAPH_NODE}
@@ -136,13 +133,12 @@ def rewrite(model: bytes, attention_bias: str, ring_slack: int = 0) -> Rewritten
     windowed = [
         n
         for n in nodes.values()
-        if n.op_type == _GQA
-        and n.domain == _MS_DOMAIN
+        if n.is_gqa
         and (n.window or 0) > 0
-        and (n.input(_GQA_ATTENTION_BIAS) == attention_bias or n.input(_GQA_ATTENTION_BIAS) in casts)
+        and (n.input(GQA_ATTENTION_BIAS) == attention_bias or n.input(GQA_ATTENTION_BIAS) in casts)
     ]
     if not windowed:
-        return Kept(reason=f"no windowed {_GQA} node reads {attention_bias}")
+        return Kept(reason=f"no windowed {GQA} node reads {attention_bias}")
     windows = tuple(
         WindowBias(name=f"{attention_bias}_window_{size}", window=size)
         for size in sorted({n.window for n in windowed if n.window is not None})
@@ -155,9 +151,9 @@ def rewrite(model: bytes, attention_bias: str, ring_slack: int = 0) -> Rewritten
         assert node.window is not None
         kernel = node.window + ring_slack if node.ring else -1
         if node.ring:
-            widened[node.input(_GQA_PAST_KEY)] = kernel
+            widened[node.input(GQA_PAST_KEY)] = kernel
         source = by_size[node.window]
-        read = node.input(_GQA_ATTENTION_BIAS)
+        read = node.input(GQA_ATTENTION_BIAS)
         if read != attention_bias:  # the bias reaches the node through a Cast: give the window input its own
             key = (read, node.window)
             if key not in new_casts:
@@ -180,9 +176,7 @@ def _unwindowed(node: _Node, bias_input: str, kernel_window: int) -> list[bytes]
     slot = 0
     for part in node.parts:
         if part.number == NODE_INPUT:
-            out.append(
-                pw.length_delimited(NODE_INPUT, bias_input.encode()) if slot == _GQA_ATTENTION_BIAS else part.raw
-            )
+            out.append(pw.length_delimited(NODE_INPUT, bias_input.encode()) if slot == GQA_ATTENTION_BIAS else part.raw)
             slot += 1
         elif part.number == NODE_ATTRIBUTE and any(
             a.number == ATTR_NAME and a.text == _WINDOW for a in pw.fields(part.payload)
@@ -213,10 +207,6 @@ def _renamed_cast(cast: _Node, source: str, output: str) -> bytes:
 
 def _renamed_value(value_info: pw.Field, name: str) -> list[bytes]:
     return [
-        pw.length_delimited(_VALUE_NAME, name.encode()) if f.number == _VALUE_NAME else f.raw
+        pw.length_delimited(VALUE_NAME, name.encode()) if f.number == VALUE_NAME else f.raw
         for f in pw.fields(value_info.payload)
     ]
-
-
-def _name(field: pw.Field) -> str:
-    return next((f.text for f in pw.fields(field.payload) if f.number == _VALUE_NAME), "")
