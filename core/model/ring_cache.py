@@ -138,8 +138,10 @@ class RingGroup:
         return positions, origin
 
     def moves(self, old: int, new: int, sources: np.ndarray | None) -> bool:
-        """Whether going from length ``old`` to ``new`` moves rows (a tree's keep always does)."""
-        return sources is not None or self.lo(new) != self.lo(old)
+        """Whether going from length ``old`` to ``new`` moves rows: a tree's keep always does; a rewind does where
+        the kernel's layout for ``new`` differs, or where the next query reads positions below the rows' valid
+        ones (an earlier lay-out left them behind: they come from the spill, or the rewind is refused)."""
+        return sources is not None or self.lo(new) != self.lo(old) or self.needed_from(new) < self.rows_from
 
     def check(self, old: int, new: int, sources: np.ndarray | None = None, start: int = 0) -> None:
         if self.moves(old, new, sources):

@@ -324,3 +324,22 @@ def test_eagle_and_lookahead_trees_give_greedys_tokens_past_evictions(
     assert len(expected.tokens) + expected.stats.prompt_tokens > WINDOW + 2 * 64
     if controller == "eagle":  # the head imitates the target: its drafts are accepted, across the evictions
         assert result.stats.tokens_per_target_forward > 1.2
+
+
+def test_a_rewind_below_what_an_earlier_lay_out_kept_is_refused(tmp_path: Path) -> None:
+    """A rewind that moves nothing in the kernel's layout may still reach positions an earlier rewind's lay-out
+    left behind (the rows below them hold other positions' data): refused, never read."""
+    ring, twin = build_pair(tmp_path, tree_inputs=True)
+    sequence = ring_sequence(ring)
+    fed = [0]
+    sequence.forward(fed)
+    for new, rewind_to in (([0, 0, 1, 0], 5), ([0, 0, 0, 0], 6), ([0], None)):
+        fed += new
+        sequence.forward(new)
+        if rewind_to is not None:
+            sequence.rewind(rewind_to)
+            fed = fed[:rewind_to]
+    with pytest.raises(SequenceError, match=r"window 4.*spill of 2"):
+        sequence.rewind(1)
+    assert sequence.length == len(fed)  # refused: nothing changed
+    np.testing.assert_allclose(np.array(sequence.forward([0])), reference_logits(twin, [*fed, 0])[-1:], atol=ATOL)
