@@ -30,10 +30,10 @@ def serve(log_path: Path, one_forward_chunks: bool, serve_args: list[str]) -> No
     chunks: list[float] = []
     iteration, prefill = engine.Engine._iteration, engine.Engine._prefill
 
-    def timed_prefill(self: Any, slot: Any, span: int | None) -> None:
+    def timed_prefill(self: Any, slot: Any, span: int | None) -> int | None:
         began = time.perf_counter()
         try:
-            prefill(self, slot, span)
+            return prefill(self, slot, span)
         finally:
             chunks.append(time.perf_counter() - began)
 
@@ -48,17 +48,18 @@ def serve(log_path: Path, one_forward_chunks: bool, serve_args: list[str]) -> No
     if one_forward_chunks:
         rule = join_rule.JoinRule
 
-        def floor_only(self: Any, span: int, remaining: int, capacity: int | None = None) -> int:
+        def floor_only(self: Any, span: int, remaining: int, capacity: int | None = None, *, logits: bool) -> int:
             del capacity
-            return rule.prefill_tokens(self, span, remaining)  # the share and the one-forward floor only
+            return rule.prefill_tokens(self, span, remaining, logits=logits)  # the share and the one-forward floor
 
-        def one_forward(self: Any, span: int, remaining: int, capacity: int | None = None) -> int:
+        def one_forward(self: Any, span: int, remaining: int, capacity: int | None = None, *, logits: bool) -> int:
             del capacity
             one = self.run_seconds(1)
-            if not one or self.prefill_seconds(1) is None:
-                return floor_only(self, span, remaining)
+            if not one or self.prefill_seconds(1, logits=False) is None:
+                return floor_only(self, span, remaining, logits=logits)
             tokens = 1
-            while tokens < remaining and (self.prefill_seconds(tokens + 1) or 0.0) <= join_rule.MIN_CHUNK * one:
+            price = lambda n: self.prefill_seconds(n, logits=logits and n == remaining) or 0.0  # noqa: E731
+            while tokens < remaining and price(tokens + 1) <= join_rule.MIN_CHUNK * one:
                 tokens += 1
             return tokens
 

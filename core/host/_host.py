@@ -259,14 +259,21 @@ class Sequence:
         return rows
 
     def prefill(
-        self, tokens: Seq[int] | np.ndarray, chunk: int | None = None, *, features: np.ndarray | None = None
+        self,
+        tokens: Seq[int] | np.ndarray,
+        chunk: int | None = None,
+        *,
+        features: np.ndarray | None = None,
+        logits: bool = True,
     ) -> np.ndarray:
         """Feed a prompt, ``chunk`` tokens per run (None: one run); return float32[1, vocab], the last row.
 
         Works on models that only return the last position's logits; peak memory is bounded by the chunk. A model
         that can compute the last row's logits alone (``Capabilities.logits_from``) computes only that row, the one
-        a whole forward gives, and ``logits()`` then holds it alone. ``features``: as for forward(), one row per
-        prompt token.
+        a whole forward gives, and ``logits()`` then holds it alone; its chunks before the last compute no logits
+        at all. ``logits=False``: part of a prompt whose rest follows in a later prefill, so no row is wanted; such
+        a model then skips the LM head, returns float32[0, vocab] and ``logits()`` is empty until the next forward
+        (a model without it computes its rows as ever). ``features``: as for forward(), one row per prompt token.
         """
         ids = self._checked_tokens(tokens)
         rows_features = self._checked_features(features, len(ids))
@@ -275,8 +282,9 @@ class Sequence:
         step = len(ids) if chunk is None else chunk
         for start in range(0, len(ids), step):
             part = None if rows_features is None else rows_features[start : start + step]
-            rows = self._run(ids[start : start + step], features=part, last=True)
-        return rows[-1:]
+            keep = 1 if logits and start + step >= len(ids) else 0
+            rows = self._run(ids[start : start + step], features=part, keep=keep)
+        return rows[-1:] if len(rows) else rows
 
     def encode(self, source: Seq[int] | np.ndarray) -> None:
         """An encoder-decoder model's encoder over ``source`` (the prompt's tokens): the decoder's cache is emptied,
@@ -420,11 +428,11 @@ class Sequence:
         features: np.ndarray | None = None,
         bias_positions: np.ndarray | None = None,
         tree: bool = False,
-        last: bool = False,
+        keep: int | None = None,
     ) -> np.ndarray:
         start = self.length
         begin = time.perf_counter()
-        outputs = self._runner.run(ids, positions, bias, features, bias_positions, last=last)
+        outputs = self._runner.run(ids, positions, bias, features, bias_positions, keep=keep)
         return self._took(start, ids, outputs, begin, tree=tree)
 
     def _took(

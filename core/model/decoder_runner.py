@@ -187,7 +187,7 @@ class DecoderRunner(Runner):
         features: np.ndarray | None = None,
         bias_positions: np.ndarray | None = None,
         *,
-        last: bool = False,
+        keep: int | None = None,
     ) -> RunOutputs:
         """Feed ``tokens`` (int64[n]) after the current length: the first-pass decoder when the source's
         cross-attention KV is not computed yet (the first forward after ``encode``), the stepping decoder otherwise,

@@ -268,12 +268,14 @@ class Runner:
         features: np.ndarray | None = None,
         bias_positions: np.ndarray | None = None,
         *,
-        last: bool = False,
+        keep: int | None = None,
     ) -> RunOutputs:
         """Feed ``tokens`` (int64[n]) after the current length; return views of the outputs. ``bias_positions``
         (int64[w]): the positions of the w slots ``bias`` spans, where they differ from the slots (a tree).
-        ``last``: the caller needs the last position's logits only; a graph that can compute that row alone
-        (``Capabilities.logits_from``) then gives one row, the one the whole forward gives."""
+        ``keep``: the caller reads the logits of the last ``keep`` positions only (1: a prompt's last row; 0: none,
+        a prompt chunk before its last); a graph that can compute those rows alone (``Capabilities.logits_from``)
+        then gives just them, each the one the whole forward gives, and skips the LM head for the rest. None:
+        every row."""
         n = len(tokens)
         past = self.kv.length
         total = past + n
@@ -318,7 +320,7 @@ class Runner:
         self.kv.bind(self._binding, n)
         logit_rows = n if caps.logits_all_positions else 1
         if caps.logits_from is not None:
-            skipped = n - 1 if last else 0
+            skipped = 0 if keep is None else n - min(keep, n)
             self._logits_from[0] = skipped
             logit_rows -= skipped
         logits = self._logits.rows(logit_rows)

@@ -9,9 +9,11 @@ engine.close()                                                                  
 Each iteration of the engine's loop (decoctl.generation's loop, with rows that come and go):
 1. completions whose client left are ended and their rows freed;
 2. waiting requests are admitted while rows are free (each completion a row of its own, a Host, controller and
-   logits chain of its own over it); their prompts are fed whole while no row decodes, and otherwise one prompt a
-   chunk a step, the chunk sized by the engine's cost rule (decoctl.serve.join_rule) so that it adds a bounded share
-   to the batched step (``prefill_chunk`` caps every chunk); a prompt's forward computes its last logits only;
+   logits chain of its own over it); their prompts are fed whole while no row decodes, and otherwise in chunks
+   that spend a budget of prompt work a step, set by the engine's cost rule (decoctl.serve.join_rule) so that it
+   adds a bounded share to the batched step (``prefill_chunk`` caps every chunk); a chunk computes no logits, the
+   prompt's last its last row only, and a row stepped by a batched controller (greedy, sample) feeds its prompt's
+   last token in the batched Run, where its logits cost a row of the Run instead of a forward's LM head;
 3. each completion advances one step: a controller that can step one row among many (``ControllerSpec.batched``,
    a RowController: greedy, sample) picks its next token from its row's logits and the engine commits it; any other
    controller (a drafting one: speculative, lookahead, EAGLE) runs its own step on its row, verifying in its own
@@ -228,8 +230,8 @@ class Engine:
     :param max_length: positions of each row (default: the model's).
     :param join_rule: when a speculating row joins the batched step (decoctl.serve.join_rule; default its cost rule).
     :param clock: what the join rule's costs are measured with (seconds).
-    :param prefill_chunk: feed prompts in chunks of at most this many tokens, one chunk an engine step (None: the
-        chunk the join rule's measured costs allow while rows decode, a prompt whole while none does).
+    :param prefill_chunk: feed prompts in chunks of at most this many tokens, one chunk a prompt an engine step
+        (None: the chunks the join rule's measured costs allow while rows decode, prompts whole while none does).
     """
 
     def __init__(
@@ -462,6 +464,8 @@ class Engine:
         self._admit()
         stepped: list[int] = []
         tokens: list[int] = []
+        #: rows whose prompt's last token this step's Run feeds: their controllers start after it
+        starting: list[_Slot] = []
         decoding = [r for r, s in self._slots.items() if s.prompt is None]
         speculating = {s: (r, s.kind) for r, s in self._slots.items() if s.joinable and s.prompt is None}
         batched_rows = [r for r in decoding if self._slots[r].batched and self._slots[r] not in speculating]
@@ -475,19 +479,29 @@ class Engine:
                 batched={s for s in speculating if s.batched},
                 final={s for s in speculating if not _resumable(s)},
             )
-        # with rows decoding, one prompt takes a chunk a step, of the size the join rule's costs allow; else whole
-        chunks = 1 if decoding else len(self._slots)
+        # with rows decoding, the prompts' chunks spend the step's budget of prompt work (the first at least one
+        # token); with none, or before the costs are measured, the prompts go in whole
+        budget = self.join_rule.prefill_budget(max(span, 1), self.max_rows) if decoding else None
+        fed = False
         for row, slot in list(self._slots.items()):
             if self._slots.get(row) is not slot:  # ended with another completion of its request
                 continue
             if slot.prompt is not None:
-                if chunks == 0:
+                if budget is not None and fed and not self._affordable(slot, budget):
                     continue
-                chunks -= 1
+                fed = True
+                began = self._clock()
                 try:
-                    self._prefill(slot, span=max(span, 1) if decoding else None)
+                    last = self._prefill(slot, budget)
                 except Exception as exc:
                     self._fail_request(slot.handle, exc)
+                    continue
+                if budget is not None:
+                    budget -= self._clock() - began
+                if last is not None:  # the prompt's last token goes in this step's Run, its logits the first token's
+                    stepped.append(row)
+                    tokens.append(last)
+                    starting.append(slot)
                     continue
                 if slot.prompt is not None or slot.joinable:
                     continue  # a speculating row's first step is the join rule's to place, with the others'
@@ -514,6 +528,9 @@ class Engine:
             self.rows.step(tokens, rows=stepped)
             self.join_rule.observe_run(max(stepped) + 1, self._clock() - began)  # a Run computes rows 0..max
             self.batched_runs += 1
+        for slot in starting:
+            if self._slots.get(slot.row) is slot:
+                self._started(slot)
         self.steps += 1
         for slot in list(self._slots.values()):
             self._flush(slot)
@@ -659,25 +676,59 @@ class Engine:
         slot.kind = (plan.spec.name, json.dumps(dict(plan.options), sort_keys=True, default=str))
         return slot
 
-    def _prefill(self, slot: _Slot, span: int | None) -> None:
-        """Feed the next chunk of a completion's prompt: with rows decoding (a batched Run spanning ``span`` rows),
-        the tokens the join rule's costs allow, else the rest (at most ``prefill_chunk`` either way); after the
-        last, start its controller."""
+    def _in_run(self, slot: _Slot) -> bool:
+        """Whether the row, while rows decode, feeds its prompt's last token in the batched Run (a batched
+        controller's row, with no image features to place)."""
+        return slot.batched and slot.handle.request.images is None
+
+    def _affordable(self, slot: _Slot, budget: float) -> bool:
+        """Whether the next token of the row's prompt fits in what is left of the step's budget (with rows
+        decoding); a row with only its last token left, which the Run feeds, always does."""
+        assert slot.prompt is not None
+        in_run = self._in_run(slot)
+        done, end = slot.host.target.length, len(slot.prompt) - in_run
+        if done >= end:
+            return True
+        ending = not in_run and done + 1 == end
+        return (self.join_rule.prefill_seconds(1, logits=ending) or 0.0) <= budget
+
+    def _prefill(self, slot: _Slot, budget: float | None) -> int | None:
+        """Feed the next chunk of a completion's prompt: with rows decoding, the tokens that fit in ``budget``
+        seconds by the join rule's prices (at least one), else (None) the rest; at most ``prefill_chunk`` either
+        way. After the last, start its controller. A chunk computes logits only where it ends the prompt (a chunk
+        before computes none: the LM head skipped). With rows decoding, a batched controller's row feeds its
+        prompt's last token in the batched Run, where its logits cost a row of the Run rather than an LM head of
+        their own: that token is returned once the chunks before it are in (the caller feeds it, then calls
+        ``_started``)."""
         assert slot.prompt is not None
         target = slot.host.target
         done = target.length
-        remaining = len(slot.prompt) - done
-        size = remaining if span is None else self.join_rule.prefill_tokens(span, remaining, self.max_rows)
-        if self.prefill_chunk is not None:
-            size = min(size, self.prefill_chunk)
-        began = self._clock()
-        target.prefill(slot.prompt[done : done + size])
-        self.join_rule.observe_prefill(size, self._clock() - began)
-        if target.length < len(slot.prompt):
-            return
+        in_run = budget is not None and self._in_run(slot)
+        end = len(slot.prompt) - in_run
+        remaining = end - done
+        if remaining > 0:
+            logits = not in_run
+            size = remaining
+            if budget is not None:
+                size = self.join_rule.prefill_tokens_within(budget, remaining, logits=logits)
+            if self.prefill_chunk is not None:
+                size = min(size, self.prefill_chunk)
+            logits = logits and done + size == end
+            began = self._clock()
+            target.prefill(slot.prompt[done : done + size], logits=logits)
+            self.join_rule.observe_prefill(size, self._clock() - began, logits=logits)
+        if target.length < end:
+            return None
+        if in_run:
+            return int(slot.prompt[-1])
+        self._started(slot)
+        return None
+
+    def _started(self, slot: _Slot) -> None:
+        """The whole prompt is in the row's KV, its last logits ready: start the completion's controller."""
         slot.prompt = None
         slot.controller.start(slot.host)
-        slot.forwards_at_decode = target.stats.forwards
+        slot.forwards_at_decode = slot.host.target.stats.forwards
         slot.joinable = _greedy_verifier(slot)
 
     def _sequence(self, role: str) -> Sequence:

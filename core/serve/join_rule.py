@@ -42,18 +42,22 @@ which commits the tokens the speculating controller would have (it verified gree
 rebuilds its context from the prompt and the output and makes the last committed token pending again. A row's
 estimate is what it measured while drafting: while it is in the Run nothing new is measured for it.
 
-Prompts: a prompt's forward stalls the batched rows as a drafting step does. With rows decoding, the engine feeds
-one prompt a chunk a step, of ``prefill_tokens`` tokens: as many as fit in ``PREFILL_SHARE`` of the batched Run's
-measured seconds, priced from the prompt forwards measured so far (by size, as Runs are), and at least as many as
-fit in ``MIN_CHUNK`` one-token prompt forwards (a forward's fixed cost, reading the weights, would make smaller chunks
-mostly waste); while the batch is not full, as many as keep the step within what a full batch's step with its share
-would take (the rows wait no longer than they would beside a full batch, and a prompt behind a few rows goes in
-large chunks rather than a token a step). With no row decoding, a prompt goes in whole.
+Prompts: a prompt's forward stalls the batched rows as a drafting step does. With rows decoding, each step has a
+budget of prompt work (``prefill_budget``) that the waiting prompts' chunks spend in turn, the first at least one
+token: ``PREFILL_SHARE`` of the batched Run's measured seconds, and at least ``MIN_CHUNK`` one-token prompt forwards
+(a forward's fixed cost, reading the weights, would make smaller chunks mostly waste); while the batch is not full,
+what keeps the step within a full batch's step with its share (the rows wait no longer than they would beside a full
+batch, and prompts behind a few rows go in large chunks, several a step, rather than a token a step). Chunks are
+priced on a line fitted to the recent prompt forwards (a fixed cost and a cost a token, robust to stalls), apart by
+whether the forward computes its last row's logits: a chunk before a prompt's last skips the LM head, on a large
+vocabulary most of a short chunk's cost (a row stepped by a batched controller feeds its prompt's last token in the
+batched Run, so none of its chunks computes logits). With no row decoding, the prompts go in whole.
 """
 
 from __future__ import annotations
 
 import collections
+import statistics
 from collections.abc import Collection, Hashable, Mapping
 
 __all__ = ["JoinRule"]
@@ -64,6 +68,8 @@ WINDOW = 16
 MIN_STEPS = 4
 #: batched Runs per size the rule averages over
 RUNS_KEPT = 32
+#: prompt forwards of each kind (with logits, without) the rule fits its price line to
+PREFILLS_KEPT = 32
 #: steps of every row of a kind the rule averages over, for the rows with too few steps of their own
 KIND_WINDOW = 64
 #: the share of a batched Run's seconds a step may add to it with a prompt's chunk
@@ -83,10 +89,14 @@ class JoinRule:
 
     def __init__(self) -> None:
         self._runs: dict[int, collections.deque[float]] = {}
-        self._prefills: dict[int, collections.deque[float]] = {}
-        #: the means of _runs and _prefills by size, while no new one was observed (the rule prices many a step)
+        #: prompt forwards by whether they computed their last row's logits, then by size
+        self._prefills: dict[bool, collections.deque[tuple[int, float]]] = {
+            kind: collections.deque(maxlen=PREFILLS_KEPT) for kind in (True, False)
+        }
+        #: the means of _runs by size and the prefills' price lines, while no new one was observed (the rule prices
+        #: many a step)
         self._run_means: dict[int, float] | None = None
-        self._prefill_means: dict[int, float] | None = None
+        self._prefill_lines: dict[bool, tuple[float, float] | None] = {}
         self._steps: dict[Hashable, collections.deque[tuple[int, float]]] = {}
         self._kinds: dict[Hashable, collections.deque[tuple[int, float]]] = {}
 
@@ -95,10 +105,11 @@ class JoinRule:
         self._runs.setdefault(rows, collections.deque(maxlen=RUNS_KEPT)).append(seconds)
         self._run_means = None
 
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
-        """A prompt's forward over ``tokens`` tokens took ``seconds``."""
-        self._prefills.setdefault(tokens, collections.deque(maxlen=RUNS_KEPT)).append(seconds)
-        self._prefill_means = None
+    def observe_prefill(self, tokens: int, seconds: float, *, logits: bool = True) -> None:
+        """A prompt's forward over ``tokens`` tokens took ``seconds``; ``logits``: it computed its last row's logits
+        (the prompt's last chunk), else none (a chunk before the last skips the LM head)."""
+        self._prefills[logits].append((tokens, seconds))
+        self._prefill_lines.pop(logits, None)
 
     def observe_step(self, row: Hashable, tokens: int, seconds: float, kind: Hashable = None) -> None:
         """Speculating row ``row`` (of ``kind``: its controller and options) committed ``tokens`` in a step of
@@ -114,39 +125,64 @@ class JoinRule:
         forward over ``rows`` tokens; None before either."""
         if rows <= 0:
             return 0.0
-        return _priced(self._runs_by_size(), rows) or _priced(self._prefills_by_size(), rows)
+        return _priced(self._runs_by_size(), rows) or self.prefill_seconds(rows)
 
-    def prefill_seconds(self, tokens: int) -> float | None:
-        """A prompt forward over ``tokens`` tokens: measured, or priced from the nearest measured sizes; None
-        before any was measured."""
-        return _priced(self._prefills_by_size(), tokens) if tokens > 0 else 0.0
+    def prefill_seconds(self, tokens: int, *, logits: bool = True) -> float | None:
+        """A prompt forward over ``tokens`` tokens, with its last row's logits or with none, priced on the line
+        fitted to the last ``PREFILLS_KEPT`` forwards of its kind (of the other kind while none of its own is
+        measured; see ``_line``); None before any was measured. A line rather than a mean by size: the rule
+        chooses the sizes, and a size once measured slow (a stall) would otherwise never be chosen, so never
+        measured again."""
+        if tokens <= 0:
+            return 0.0
+        line = self._prefill_line(logits) or self._prefill_line(not logits)
+        if line is None:
+            return None
+        fixed, per_token = line
+        return max(0.0, fixed + per_token * tokens)
 
     def _runs_by_size(self) -> dict[int, float]:
         if self._run_means is None:
             self._run_means = _means(self._runs)
         return self._run_means
 
-    def _prefills_by_size(self) -> dict[int, float]:
-        if self._prefill_means is None:
-            self._prefill_means = _means(self._prefills)
-        return self._prefill_means
+    def _prefill_line(self, logits: bool) -> tuple[float, float] | None:
+        if logits not in self._prefill_lines:
+            self._prefill_lines[logits] = _line(self._prefills[logits])
+        return self._prefill_lines[logits]
 
-    def prefill_tokens(self, span: int, remaining: int, capacity: int | None = None) -> int:
-        """How many of a prompt's ``remaining`` tokens to feed in a step whose batched Run spans ``span`` rows of
-        ``capacity`` (see the module docstring): all of them before a Run and a prompt forward were measured."""
+    def prefill_budget(self, span: int, capacity: int | None = None) -> float | None:
+        """The seconds of prompt work a step whose batched Run spans ``span`` rows of ``capacity`` may add (see the
+        module docstring); None before a Run and a prompt forward were measured (prompts then go in whole)."""
         runs = self._runs_by_size()
         run = _priced(runs, span)
-        one = self.prefill_seconds(1)
+        one = self.prefill_seconds(1, logits=False)
         if run is None or not one:
-            return remaining
+            return None
         allowance = max(PREFILL_SHARE * run, MIN_CHUNK * one)
         full = _priced(runs, capacity) if capacity is not None and capacity > span else None
         if full is not None:  # a step no longer than a full batch's, with its share: what its rows would wait
             allowance = max(allowance, (1 + PREFILL_SHARE) * full - run)
+        return allowance
+
+    def prefill_tokens_within(self, budget: float, remaining: int, *, logits: bool = True) -> int:
+        """How many of a prompt's ``remaining`` tokens fit in ``budget`` seconds (at least one); ``logits``: the
+        chunk that ends the remaining tokens computes its last row's logits (a chunk before it computes none, and
+        is priced so)."""
         tokens = 1
-        while tokens < remaining and (self.prefill_seconds(tokens + 1) or 0.0) <= allowance:
+        while tokens < remaining:
+            ending = logits and tokens + 1 == remaining
+            if (self.prefill_seconds(tokens + 1, logits=ending) or 0.0) > budget:
+                break
             tokens += 1
         return tokens
+
+    def prefill_tokens(self, span: int, remaining: int, capacity: int | None = None, *, logits: bool = True) -> int:
+        """How many of a prompt's ``remaining`` tokens a step whose batched Run spans ``span`` rows of ``capacity``
+        feeds, the prompt taking the step's whole budget: all of them before a Run and a prompt forward were
+        measured."""
+        budget = self.prefill_budget(span, capacity)
+        return remaining if budget is None else self.prefill_tokens_within(budget, remaining, logits=logits)
 
     def estimate(self, row: Hashable, kind: Hashable = None) -> tuple[float, float] | None:
         """A speculating row's mean (tokens, seconds) a step: its own, or its kind's while it has too few."""
@@ -250,6 +286,20 @@ class JoinRule:
 
 def _means(measured: Mapping[int, collections.deque[float]]) -> dict[int, float]:
     return {n: sum(times) / len(times) for n, times in measured.items() if times}
+
+
+def _line(points: Collection[tuple[int, float]]) -> tuple[float, float] | None:
+    """(fixed seconds, seconds a token) of the Theil-Sen line through ``points`` (tokens, seconds): the median of
+    the slopes between points of different sizes (at least 0), and the median intercept under it, so that a few
+    stalls do not move it; through the origin where every point has the same size; None for no points."""
+    if not points:
+        return None
+    pairs = list(points)
+    slopes = [(t2 - t1) / (n2 - n1) for i, (n1, t1) in enumerate(pairs) for n2, t2 in pairs[i + 1 :] if n2 != n1]
+    if not slopes:
+        return 0.0, statistics.median(t for _, t in pairs) / pairs[0][0]
+    slope = max(0.0, statistics.median(slopes))
+    return statistics.median(t - slope * n for n, t in pairs), slope
 
 
 def _priced(means: Mapping[int, float], size: int) -> float | None:

@@ -182,9 +182,22 @@ def test_n_completions_share_a_request_and_draw_their_own_streams(engine: Engine
     assert [f.tokens for f in finished] == [c.tokens for c in expected.completions]
 
 
+class RecordedPrefills(JoinRule):
+    """The cost rule, recording each prompt forward's (tokens, whether it computed logits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prefills: list[tuple[int, bool]] = []
+
+    def observe_prefill(self, tokens: int, seconds: float, *, logits: bool = True) -> None:
+        self.prefills.append((tokens, logits))
+        super().observe_prefill(tokens, seconds, logits=logits)
+
+
 def test_a_long_prompt_prefills_a_chunk_a_step_while_other_rows_decode(tiny_model: Path) -> None:
     registry = plugin_registry()
-    engine = Engine({"target": load_model(tiny_model)}, registry=registry, max_rows=2, prefill_chunk=4)
+    rule = RecordedPrefills()
+    engine = Engine({"target": load_model(tiny_model)}, registry=registry, max_rows=2, prefill_chunk=4, join_rule=rule)
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
     short, long = ids(engine, "x = 1"), ids(engine, "def read_lines(path, encoding):\n    with open(path) as f:")
     assert len(short) <= 4 < 24 < len(long)
@@ -206,6 +219,29 @@ def test_a_long_prompt_prefills_a_chunk_a_step_while_other_rows_decode(tiny_mode
     offline = Generator({"target": engine.models["target"]}, "greedy", registry=registry, prefill_chunk=4)
     prompt = ChatPrompt(engine.models["target"].tokenizer.decode(long), long)  # these ids exactly
     assert finished["long"].tokens == offline.generate(prompt, max_new_tokens=5).tokens
+    # the short prompt whole with its logits (no row decoding then); the long one's chunks without logits, its last
+    # token fed in a batched Run beside the short row's
+    assert rule.prefills[0] == (len(short), True)
+    assert all(not logits for _, logits in rule.prefills[1:]) and sum(n for n, _ in rule.prefills[1:]) == len(long) - 1
+
+
+def test_a_speculating_rows_last_prompt_chunk_computes_its_logits(tiny_model: Path) -> None:
+    registry = plugin_registry()
+    rule = RecordedPrefills()
+    engine = Engine({"target": load_model(tiny_model)}, registry=registry, max_rows=2, prefill_chunk=4, join_rule=rule)
+    text = "def read_lines(path, encoding):\n    with open(path) as f:"
+    greedy, lookup = queue.Queue[Any](), queue.Queue[Any]()
+    engine.submit(EngineRequest(ids=ids(engine, "x = 1"), max_new_tokens=40), greedy.put)
+    options = {"drafter": "prompt-lookup"}
+    request = EngineRequest(ids=ids(engine, text), max_new_tokens=6, controller="speculative", options=options)
+    engine.submit(request, lookup.put)
+    engine.start()
+    got = next(e for e in collect(lookup, 1) if isinstance(e, Finished))
+    collect(greedy, 1)
+    engine.close()
+    assert [logits for _, logits in rule.prefills[1:]] == [False] * (len(rule.prefills) - 2) + [True]
+    offline = Generator({"target": engine.models["target"]}, "greedy", registry=registry)
+    assert got.tokens == offline.generate(text, max_new_tokens=6).tokens
 
 
 def test_a_speculating_row_the_join_rule_moves_into_the_batch_keeps_greedys_tokens(tiny_model: Path) -> None:

@@ -121,6 +121,40 @@ def test_a_prompt_behind_a_few_rows_goes_in_chunks_a_full_batchs_step_allows() -
     assert rule.prefill_tokens(16, 200, 16) == rule.prefill_tokens(16, 200)
 
 
+def test_chunks_before_a_prompts_last_are_priced_without_the_lm_head() -> None:
+    rule = rule_with({8: 4.0})
+    rule.observe_prefill(1, 0.5)
+    rule.observe_prefill(11, 1.5)  # with the last row's logits: 0.5 + 0.1 a token
+    assert rule.prefill_budget(8) == pytest.approx(PREFILL_SHARE * 4.0)
+    # nothing measured without logits yet: priced as with them
+    assert rule.prefill_tokens_within(1.0, 100, logits=False) == 6
+    rule.observe_prefill(11, 1.2, logits=False)  # without logits: 0.2 + 0.1 a token
+    rule.observe_prefill(1, 0.2, logits=False)
+    assert rule.prefill_tokens_within(1.0, 100, logits=False) == 9
+    # the chunk that ends the prompt computes its row: 9 tokens fit without it, 6 with it
+    assert rule.prefill_tokens_within(1.0, 9, logits=True) == 8
+    assert rule.prefill_tokens_within(1.0, 6, logits=True) == 6
+    assert rule.prefill_tokens_within(0.0, 100) == 1  # at least one token
+
+
+def test_one_slow_prompt_forward_does_not_keep_its_size_out_of_the_chunks() -> None:
+    rule = rule_with({8: 4.0})
+    for tokens in (1, 2, 4, 5, 6):
+        rule.observe_prefill(tokens, 0.2 + 0.1 * tokens, logits=False)
+    rule.observe_prefill(3, 5.0, logits=False)  # a stall: ten times a 3-token forward
+    # priced on the line through all six, not by the slow one alone: 1.0 allows more than 3 tokens
+    assert rule.prefill_tokens_within(1.0, 100, logits=False) > 3
+
+
+def test_a_step_has_no_budget_until_a_run_and_a_prompt_forward_are_measured() -> None:
+    rule = JoinRule()
+    assert rule.prefill_budget(4, 16) is None
+    rule.observe_run(4, 1.0)
+    assert rule.prefill_budget(4, 16) is None
+    rule.observe_prefill(1, 0.1, logits=False)
+    assert rule.prefill_budget(4, 16) is not None
+
+
 def test_a_joined_row_drafts_again_when_the_batch_shrinks() -> None:
     # the row commits 3 tokens a step of 1.5 units; beside 8 rows (Run of 8: 3.0, of 9: 3.2) it is batched:
     # drafting gives (8 + 3) / 4.5 = 2.4 tokens a unit against 9 / 3.2 = 2.8

@@ -25,7 +25,7 @@ def test_a_last_row_forward_gives_the_whole_forwards_last_row_and_the_same_cache
     model = load_model(tiny_model)
     whole, last = Runner(model, max_length=32), Runner(model, max_length=32)
     expected = whole.run(PROMPT).logits.copy()
-    got = last.run(PROMPT, last=True).logits
+    got = last.run(PROMPT, keep=1).logits
     assert expected.shape[0] == len(PROMPT) and got.shape == (1, expected.shape[1])
     np.testing.assert_array_equal(got[0], expected[-1])
     step = np.array([8], np.int64)
@@ -35,7 +35,7 @@ def test_a_last_row_forward_gives_the_whole_forwards_last_row_and_the_same_cache
 def test_a_forward_after_a_last_row_forward_gives_every_row_again(tiny_model: Path) -> None:
     model = load_model(tiny_model)
     runner, reference = Runner(model, max_length=32), Runner(model, max_length=32)
-    runner.run(PROMPT[:3], last=True)
+    runner.run(PROMPT[:3], keep=1)
     reference.run(PROMPT[:3])
     np.testing.assert_array_equal(runner.run(PROMPT[3:]).logits, reference.run(PROMPT[3:]).logits)
 
@@ -47,6 +47,25 @@ def test_prefill_keeps_the_last_row_only_and_returns_it(tiny_model: Path) -> Non
     expected = reference.forward(PROMPT)[-1:]
     np.testing.assert_array_equal(row, expected)
     assert sequence.logits().shape == (1, expected.shape[1])
+
+
+def test_a_forward_keeping_no_row_computes_no_logits_and_the_same_cache(tiny_model: Path) -> None:
+    model = load_model(tiny_model)
+    runner, reference = Runner(model, max_length=32), Runner(model, max_length=32)
+    assert runner.run(PROMPT[:4], keep=0).logits.shape[0] == 0
+    reference.run(PROMPT[:4])
+    np.testing.assert_array_equal(runner.run(PROMPT[4:], keep=1).logits[0], reference.run(PROMPT[4:]).logits[-1])
+
+
+def test_prefill_in_chunks_without_logits_then_the_last_gives_the_whole_prompts_row(tiny_model: Path) -> None:
+    model = load_model(tiny_model)
+    sequence, reference = Sequence("target", model, max_length=32), Sequence("target", model, max_length=32)
+    reference.prefill(PROMPT[:2])  # the same chunks with every chunk's last row: the same row, bit for bit
+    expected = reference.prefill(PROMPT[2:], chunk=2)
+    assert sequence.prefill(PROMPT[:2], logits=False).shape == (0, expected.shape[1])
+    assert sequence.logits().shape[0] == 0
+    np.testing.assert_array_equal(sequence.prefill(PROMPT[2:], chunk=2), expected)
+    assert sequence.length == len(PROMPT) and sequence.stats.forwards == 4
 
 
 def test_a_graph_whose_logits_come_from_no_matmul_is_kept() -> None:
