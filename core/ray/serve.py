@@ -32,6 +32,7 @@ from decoctl.errors import ConfigError, DecoctlError
 from decoctl.plugins import PluginRegistry, resolve_model
 from decoctl.ray.cluster import joined, require_cpus, require_ray
 from decoctl.ray.command import decoctl_error
+from decoctl.serve.join_rule import PREFILL_SHARE, JoinRule
 
 __all__ = ["APP_NAME", "REPLICA_HEADER", "Replica", "application", "build_app", "run_replicas"]
 
@@ -52,6 +53,7 @@ REPLICA_ARGS: dict[str, tuple[type, Any]] = {
     "max_queue": (int, 64),
     "max_length": (int, None),
     "prefill_chunk": (int, None),
+    "prefill_share": (float, PREFILL_SHARE),
     "chat_template": (str, None),
     "name": (str, None),
     "api_key": (str, None),
@@ -91,6 +93,7 @@ class Replica:
             max_queue=config["max_queue"],
             max_length=config.get("max_length"),
             prefill_chunk=config.get("prefill_chunk"),
+            join_rule=JoinRule(prefill_share=config.get("prefill_share", PREFILL_SHARE)),
         )
         self.decoctl_app = create_app(
             self.engine,
@@ -157,6 +160,8 @@ def _checked(given: Mapping[str, Any], known: Mapping[str, tuple[type, Any]]) ->
                 value = json.loads(value)
             elif kind is int and not isinstance(value, bool):
                 value = int(value)
+            elif kind is float and not isinstance(value, bool):
+                value = float(value)
             if not isinstance(value, kind):
                 raise ValueError(value)
         except ValueError:
@@ -252,6 +257,7 @@ def run_replicas(args: argparse.Namespace, registry: PluginRegistry) -> int:
         max_queue=args.max_queue,
         max_length=args.max_length,
         prefill_chunk=args.prefill_chunk,
+        prefill_share=args.prefill_share,
         chat_template=args.chat_template,
         name=args.name,
         api_key=args.api_key,

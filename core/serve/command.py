@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from decoctl.errors import ConfigError
 from decoctl.plugins import PluginRegistry
+from decoctl.serve.join_rule import PREFILL_SHARE, JoinRule
 
 __all__ = ["add_serve_parsers", "load_roles", "run_chat", "run_serve"]
 
@@ -57,6 +58,13 @@ def add_serve_parsers(commands: Any) -> None:
         "--prefill-chunk",
         type=int,
         help="feed prompts this many tokens an engine step, so a long prompt delays the other rows by one chunk",
+    )
+    serve.add_argument(
+        "--prefill-share",
+        type=float,
+        default=PREFILL_SHARE,
+        help=f"prompt work a step may add while rows decode, a share of the batched step (default {PREFILL_SHARE}): "
+        "more admits prompts sooner and keeps the batch fuller, less keeps the decoding rows' inter-token latency low",
     )
     serve.add_argument(
         "--api-key", help="require 'Authorization: Bearer KEY' on /v1/ (default: $DECOCTL_API_KEY, else none)"
@@ -126,6 +134,7 @@ def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
         max_queue=args.max_queue,
         max_length=args.max_length,
         prefill_chunk=args.prefill_chunk,
+        join_rule=JoinRule(prefill_share=args.prefill_share),
     )
     api_key = args.api_key or os.environ.get("DECOCTL_API_KEY") or None
     name = args.name or target.name

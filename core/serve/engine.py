@@ -218,6 +218,8 @@ class _Slot:
     parked: Any = None
     #: its controller and options: the JoinRule judges a new row by the steps of the rows of its kind
     kind: tuple[str, str] = ("", "")
+    #: the JoinRule placed it at least once (a fresh row has no place to keep)
+    placed: bool = False
 
 
 class Engine:
@@ -478,7 +480,10 @@ class Engine:
                 span,
                 batched={s for s in speculating if s.batched},
                 final={s for s in speculating if not _resumable(s)},
+                fresh={s for s in speculating if not s.placed},
             )
+            for slot in speculating:
+                slot.placed = True
         # with rows decoding, the prompts' chunks spend the step's budget of prompt work (the first at least one
         # token); with none, or before the costs are measured, the prompts go in whole
         budget = self.join_rule.prefill_budget(max(span, 1), self.max_rows) if decoding else None

@@ -44,14 +44,15 @@ estimate is what it measured while drafting: while it is in the Run nothing new 
 
 Prompts: a prompt's forward stalls the batched rows as a drafting step does. With rows decoding, each step has a
 budget of prompt work (``prefill_budget``) that the waiting prompts' chunks spend in turn, the first at least one
-token: ``PREFILL_SHARE`` of the batched Run's measured seconds, and at least ``MIN_CHUNK`` one-token prompt forwards
-(a forward's fixed cost, reading the weights, would make smaller chunks mostly waste); while the batch is not full,
-what keeps the step within a full batch's step with its share (the rows wait no longer than they would beside a full
-batch, and prompts behind a few rows go in large chunks, several a step, rather than a token a step). Chunks are
-priced on a line fitted to the recent prompt forwards (a fixed cost and a cost a token, robust to stalls), apart by
-whether the forward computes its last row's logits: a chunk before a prompt's last skips the LM head, on a large
-vocabulary most of a short chunk's cost (a row stepped by a batched controller feeds its prompt's last token in the
-batched Run, so none of its chunks computes logits). With no row decoding, the prompts go in whole.
+token: ``prefill_share`` (``PREFILL_SHARE`` by default) of the batched Run's measured seconds, and at least
+``MIN_CHUNK`` one-row steps (one-token forwards with their logits: a forward's fixed cost, reading the weights,
+would make smaller chunks mostly waste); while the batch is not full, what keeps the step within a full batch's step
+with its share (the rows wait no longer than they would beside a full batch, and prompts behind a few rows go in
+large chunks, several a step, rather than a token a step). Chunks are priced on a line fitted to the recent prompt
+forwards (a fixed cost and a cost a token, robust to stalls), apart by whether the forward computes its last row's
+logits: a chunk before a prompt's last skips the LM head, on a large vocabulary most of a short chunk's cost (a row
+stepped by a batched controller feeds its prompt's last token in the batched Run, so none of its chunks computes
+logits). With no row decoding, the prompts go in whole.
 """
 
 from __future__ import annotations
@@ -72,9 +73,12 @@ RUNS_KEPT = 32
 PREFILLS_KEPT = 32
 #: steps of every row of a kind the rule averages over, for the rows with too few steps of their own
 KIND_WINDOW = 64
-#: the share of a batched Run's seconds a step may add to it with a prompt's chunk
-PREFILL_SHARE = 0.25
-#: the smallest chunk costs up to this many one-token prompt forwards
+#: the share of a batched Run's seconds a step may add to it with prompt chunks (the default: JoinRule's
+#: ``prefill_share``, decoctl serve's --prefill-share): more admits prompts faster and keeps the batch fuller, less
+#: holds the inter-token latency of the rows decoding closer to the batched Run's
+PREFILL_SHARE = 0.5
+#: a step's prompt work may take up to this many one-row steps (a one-token forward with its logits) however small
+#: the batched Run: a forward's fixed cost, reading the weights, would make smaller chunks mostly waste
 MIN_CHUNK = 1.2
 #: a split of the speculating rows other than their present one must give this many times the tokens a second (the
 #: rule's hysteresis: estimates a few percent apart do not move rows back and forth, and a lone row whose plain steps
@@ -87,7 +91,10 @@ JOIN_GAIN = 1.2
 class JoinRule:
     """Measured costs of the batched Run by its rows and of each speculating row's steps; ``joins`` decides."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, prefill_share: float = PREFILL_SHARE) -> None:
+        if prefill_share <= 0:
+            raise ValueError(f"prefill_share={prefill_share} must be above 0")
+        self.prefill_share = prefill_share
         self._runs: dict[int, collections.deque[float]] = {}
         #: prompt forwards by whether they computed their last row's logits, then by size
         self._prefills: dict[bool, collections.deque[tuple[int, float]]] = {
@@ -156,13 +163,21 @@ class JoinRule:
         module docstring); None before a Run and a prompt forward were measured (prompts then go in whole)."""
         runs = self._runs_by_size()
         run = _priced(runs, span)
-        one = self.prefill_seconds(1, logits=False)
-        if run is None or not one:
+        one = self.run_seconds(1)
+        if run is None or not one or self.prefill_seconds(1) is None:
             return None
-        allowance = max(PREFILL_SHARE * run, MIN_CHUNK * one)
-        full = _priced(runs, capacity) if capacity is not None and capacity > span else None
-        if full is not None:  # a step no longer than a full batch's, with its share: what its rows would wait
-            allowance = max(allowance, (1 + PREFILL_SHARE) * full - run)
+        allowance = max(self.prefill_share * run, MIN_CHUNK * one)
+        if capacity is not None and capacity > span:
+            # a step no longer than a full batch's, with its share: what its rows would wait beside a full batch.
+            # Before a Run that wide was measured, it is priced in proportion to the widest one measured (more than
+            # it will cost, a Run reading its weights once: prompts go in faster while the batch fills)
+            widest = max(runs)
+            full = (
+                runs[capacity]
+                if capacity in runs
+                else max(_priced(runs, capacity) or 0.0, runs[widest] * capacity / widest)
+            )
+            allowance = max(allowance, (1 + self.prefill_share) * full - run)
         return allowance
 
     def prefill_tokens_within(self, budget: float, remaining: int, *, logits: bool = True) -> int:
@@ -201,11 +216,13 @@ class JoinRule:
         *,
         batched: Collection[Hashable] = (),
         final: Collection[Hashable] = (),
+        fresh: Collection[Hashable] = (),
     ) -> set[Hashable]:
         """Which speculating rows step in the batched Run this step (the others draft), beside ``batch_rows`` other
         rows spanning ``span`` rows: ``rows`` maps each to (its row index, its kind); ``batched``: those the Run
-        stepped last step; ``final``: those whose join is for good (their controller cannot take its row back).
-        See the module docstring."""
+        stepped last step; ``final``: those whose join is for good (their controller cannot take its row back);
+        ``fresh``: those placed for the first time (no place to keep: no hysteresis for them). See the module
+        docstring."""
         judged: list[tuple[float, int, Hashable, float, float]] = []
         unmeasured: dict[Hashable, list[tuple[int, Hashable]]] = {}
         for key, (index, kind) in rows.items():
@@ -231,18 +248,28 @@ class JoinRule:
 
         now = [j for j in judged if j[2] in batched]
         best, joining = rate(now) or 0.0, now
-        # m = len(judged) (every row drafting) down to 0 (every row joining); a split other than the rows' present
-        # one must give SWITCH_GAIN times more (JOIN_GAIN where it joins a row for good)
+        present = {j[2] for j in now}
+        # m = len(judged) (every row drafting) down to 0 (every row joining); a split that moves a row from its
+        # present place must give SWITCH_GAIN times more (JOIN_GAIN where it joins a row for good); a fresh row has
+        # no place yet (it is counted drafting in the present split), so splits that move fresh rows only are
+        # weighed as they are
         for m in range(len(judged), -1, -1):
             split = judged[m:]
-            if {j[2] for j in split} == {j[2] for j in now}:
+            keys = {j[2] for j in split}
+            moved = keys ^ present
+            if not moved:
                 continue
             if batch_rows == 0 and len(split) == 1 and max(span, split[0][1] + 1) not in self._runs:
                 continue  # a lone row joins only against such a Run actually measured
             value = rate(split)
             if value is None:
                 continue
-            gain = JOIN_GAIN if any(j[2] in final and j[2] not in batched for j in split) else SWITCH_GAIN
+            if any(key in final for key in keys - present):
+                gain = JOIN_GAIN
+            elif moved <= set(fresh):
+                gain = 1.0
+            else:
+                gain = SWITCH_GAIN
             if value / gain > best:
                 best, joining = value / gain, split
         return chosen | {j[2] for j in joining}

@@ -199,3 +199,23 @@ def test_with_nothing_measured_of_their_kind_one_row_drafts_and_the_others_join_
 def test_a_lone_row_with_nothing_measured_drafts() -> None:
     assert rule_with({1: 1.0}).choose({"row": (0, "new")}, 0, 0) == set()
     assert rule_with({1: 1.0, 9: 3.2}).choose({"row": (8, "new")}, 8, 8) == set()
+
+
+def test_a_fresh_row_takes_the_better_place_without_the_hysteresis() -> None:
+    # beside 8 rows (Run of 8: 3.0, of 9: 3.15) a row of 1.2 tokens in 0.42 units: drafting gives 9.2 / 3.42 = 2.69
+    # tokens a unit, joining 9 / 3.15 = 2.86, 1.06x: more, but within the hysteresis
+    rule = rule_with({8: 3.0, 9: 3.15}, steps=(1.2, 0.42))
+    assert 1.0 < (9 / 3.15) / (9.2 / 3.42) < SWITCH_GAIN
+    assert rule.choose({"row": (8, None)}, 8, 8) == set()  # drafting: it keeps its place
+    assert rule.choose({"row": (8, None)}, 8, 8, fresh={"row"}) == {"row"}  # placed for the first time: it joins
+
+
+def test_the_prefill_share_sets_a_full_batchs_budget() -> None:
+    rule = JoinRule(prefill_share=1.0)
+    rule.observe_run(8, 4.0)
+    rule.observe_run(1, 0.5)
+    rule.observe_prefill(1, 0.1)
+    assert rule.prefill_budget(8, 8) == pytest.approx(4.0)
+    assert JoinRule().prefill_budget(8) is None
+    with pytest.raises(ValueError, match="prefill_share"):
+        JoinRule(prefill_share=0)
