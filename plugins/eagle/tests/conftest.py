@@ -25,6 +25,7 @@ from decoctl_eagle.controller import HEAD, Eagle
 from decoctl import ControllerSpec, Host, hookimpl
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import build_eagle_head, build_genai_model
+from decoctl.testing.costs import ForwardCostClock
 
 SEED = 41
 #: what one head forward costs in the cost model, in ms (a target forward: 1 ms plus 0.1 ms per token it feeds)
@@ -44,30 +45,18 @@ class CostedEagle(Eagle):
         per_token: float = 0.1,
         extra: Callable[[int], float] | None = None,
     ) -> None:
-        super().__init__(options, clock=self._now)
+        # per_token on every token a forward feeds (1 + per_token for its first); extra, instead: ms for each token
+        # past the first, a function of the target forwards so far (a machine whose load changes)
+        if extra is None:
+            self.cost_clock = ForwardCostClock(per_token, base_ms=1 + per_token, role_ms={HEAD: head_ms})
+        else:
+            self.cost_clock = ForwardCostClock(extra, role_ms={HEAD: head_ms})
         self.head_ms = head_ms
-        self.per_token = per_token
-        #: instead of per_token: ms for each token a forward feeds past its first, a function of the target forwards
-        #: so far (a machine whose load changes)
-        self.extra = extra
-        self._host: Host | None = None
-        self._spent = 0.0
-        self._seen = (0, 0)
+        super().__init__(options, clock=self.cost_clock)
 
     def start(self, host: Host) -> None:
-        self._host, self._spent, self._seen = host, 0.0, (0, 0)
+        self.cost_clock.start(host)
         super().start(host)
-
-    def _now(self) -> float:
-        assert self._host is not None, "the clock runs inside a generation"
-        target, head = self._host.target.stats, self._host[HEAD].stats
-        forwards, fed = target.forwards - self._seen[0], target.tokens_fed - self._seen[1]
-        if self.extra is None:
-            self._spent += forwards + self.per_token * fed
-        else:
-            self._spent += forwards + self.extra(target.forwards) * (fed - forwards)  # at the price when they ran
-        self._seen = (target.forwards, target.tokens_fed)
-        return (self._spent + self.head_ms * head.forwards) / 1000
 
 
 class CostedPlugin:

@@ -20,6 +20,7 @@ from decoctl_lookahead.controller import Lookahead
 from decoctl import ControllerSpec, Generator, Host, hookimpl
 from decoctl.draft_length import JUDGE_AFTER, REFRESH_EVERY
 from decoctl.plugins import PluginRegistry
+from decoctl.testing.costs import ForwardCostClock
 
 PROMPTS = [
     "def fib(n):",
@@ -32,23 +33,12 @@ class Costed(Lookahead):
     """Lookahead on a cost-model clock; ``per_token(target forwards so far)`` may change the price mid-generation."""
 
     def __init__(self, options: dict[str, Any], *, per_token: Callable[[int], float]) -> None:
-        super().__init__(options, clock=self._now)
-        self._per_token = per_token
-        self._host: Host | None = None
-        self._spent = 0.0
-        self._seen = (0, 0)
+        self.cost_clock = ForwardCostClock(per_token)
+        super().__init__(options, clock=self.cost_clock)
 
     def start(self, host: Host) -> None:
-        self._host, self._spent, self._seen = host, 0.0, (0, 0)
+        self.cost_clock.start(host)
         super().start(host)
-
-    def _now(self) -> float:
-        assert self._host is not None, "the clock runs inside a generation"
-        target = self._host.target.stats
-        forwards, fed = target.forwards - self._seen[0], target.tokens_fed - self._seen[1]
-        self._spent += forwards + self._per_token(target.forwards) * (fed - forwards)
-        self._seen = (target.forwards, target.tokens_fed)
-        return self._spent / 1000
 
 
 def costed(per_token: Callable[[int], float]) -> PluginRegistry:

@@ -21,6 +21,7 @@ from decoctl_speculative.controller import Speculative
 from decoctl import ControllerSpec, Generator, Host, hookimpl
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import first_divergence_is_a_tie
+from decoctl.testing.costs import ForwardCostClock
 
 DEAR = 0.48  # ms per token past the first: a two-token forward costs 1.48 one-token ones
 CHEAP = 0.02
@@ -36,25 +37,12 @@ class Costed(Speculative):
     mid-generation."""
 
     def __init__(self, options: dict[str, Any], *, per_token: Callable[[int], float], draft_ms: float) -> None:
-        self._host: Host | None = None
-        self._per_token = per_token
-        self._draft_ms = draft_ms
-        self._spent = 0.0
-        self._seen = (0, 0)
-        super().__init__(options, clock=self._now)
+        self.cost_clock = ForwardCostClock(per_token, role_ms={"draft": draft_ms})
+        super().__init__(options, clock=self.cost_clock)
 
     def start(self, host: Host) -> None:
-        self._host, self._spent, self._seen = host, 0.0, (0, 0)
+        self.cost_clock.start(host)
         super().start(host)
-
-    def _now(self) -> float:
-        assert self._host is not None, "the clock runs inside a generation"
-        target = self._host.target.stats
-        forwards, fed = target.forwards - self._seen[0], target.tokens_fed - self._seen[1]
-        self._spent += forwards + self._per_token(target.forwards) * (fed - forwards)  # the price when they ran
-        self._seen = (target.forwards, target.tokens_fed)
-        draft = self._host["draft"].stats.forwards if "draft" in self._host.roles else 0
-        return (self._spent + self._draft_ms * draft) / 1000
 
 
 def costed_registry(**prices: Any) -> PluginRegistry:
