@@ -137,6 +137,20 @@ class Rows:
         self._rows[free] = sequence
         return free
 
+    def copy(self, source: int, destination: int) -> None:
+        """Live row ``destination`` becomes a copy of live row ``source``: its tokens and KV cache, as fork gives a
+        new row (a server sharing one prompt's prefill among a request's completions)."""
+        from_row, to_row = self[source], self[destination]
+        if source == destination:
+            return
+        from_row._check_settled(f"copy({source}, {destination})")
+        to_row._check_settled(f"copy({source}, {destination})")
+        if self._kv is None:
+            to_row._copy_row(from_row)
+        else:
+            self._kv.copy_row(source, destination)
+            to_row._adopt_tokens(from_row.tokens, from_row.images)
+
     def release(self, row: int) -> None:
         """Free row ``row`` (not row 0, which is the role itself); its id may be reused by the next fork."""
         self[row]

@@ -13,7 +13,8 @@ Each iteration of the engine's loop (decoctl.generation's loop, with rows that c
    that spend a budget of prompt work a step, set by the engine's cost rule (decoctl.serve.join_rule) so that it
    adds a bounded share to the batched step (``prefill_chunk`` caps every chunk); a chunk computes no logits, the
    prompt's last its last row only, and a row stepped by a batched controller (greedy, sample) feeds its prompt's
-   last token in the batched Run, where its logits cost a row of the Run instead of a forward's LM head;
+   last token in the batched Run, where its logits cost a row of the Run instead of a forward's LM head; a request's
+   n completions (a batched controller's) share one prefill: the other rows copy the first's KV (``Rows.copy``);
 3. each completion advances one step: a controller that can step one row among many (``ControllerSpec.batched``,
    a RowController: greedy, sample) picks its next token from its row's logits and the engine commits it; any other
    controller (a drafting one: speculative, lookahead, EAGLE) runs its own step on its row, verifying in its own
@@ -220,6 +221,10 @@ class _Slot:
     kind: tuple[str, str] = ("", "")
     #: the JoinRule placed it at least once (a fresh row has no place to keep)
     placed: bool = False
+    #: completion 0 of a request of n: the other completions, whose rows copy its prompt's KV (one prefill for all)
+    followers: list[_Slot] = attrs.field(factory=list)
+    #: completion i > 0 of such a request: it waits for its leader's prompt instead of feeding its own
+    leader: _Slot | None = None
 
 
 class Engine:
@@ -492,6 +497,8 @@ class Engine:
             if self._slots.get(row) is not slot:  # ended with another completion of its request
                 continue
             if slot.prompt is not None:
+                if slot.leader is not None or slot in starting:
+                    continue  # its row takes (or took, this step) a copy of its leader's prompt
                 if budget is not None and fed and not self._affordable(slot, budget):
                     continue
                 fed = True
@@ -504,9 +511,10 @@ class Engine:
                 if budget is not None:
                     budget -= self._clock() - began
                 if last is not None:  # the prompt's last token goes in this step's Run, its logits the first token's
-                    stepped.append(row)
-                    tokens.append(last)
-                    starting.append(slot)
+                    for started in (slot, *self._copies(slot)):
+                        stepped.append(started.row)
+                        tokens.append(last)
+                        starting.append(started)
                     continue
                 if slot.prompt is not None or slot.joinable:
                     continue  # a speculating row's first step is the join rule's to place, with the others'
@@ -622,6 +630,10 @@ class Engine:
                     self._release(slot)
                 self._fail_request(handle, exc)
                 continue
+            if len(started) > 1 and self._in_run(started[0]):  # one prefill, copied into the other rows
+                started[0].followers = started[1:]
+                for slot in started[1:]:
+                    slot.leader = started[0]
             for slot in started:
                 self._slots[slot.row] = slot
                 self._flush(slot)
@@ -708,7 +720,7 @@ class Engine:
         assert slot.prompt is not None
         target = slot.host.target
         done = target.length
-        in_run = budget is not None and self._in_run(slot)
+        in_run = (budget is not None or bool(slot.followers)) and self._in_run(slot)
         end = len(slot.prompt) - in_run
         remaining = end - done
         if remaining > 0:
@@ -728,6 +740,18 @@ class Engine:
             return int(slot.prompt[-1])
         self._started(slot)
         return None
+
+    def _copies(self, leader: _Slot) -> list[_Slot]:
+        """The leader's prompt is in its row but for its last token: its followers' rows take a copy of it (the
+        caller feeds each row that last token in the Run)."""
+        copied = []
+        for follower in leader.followers:
+            if self._slots.get(follower.row) is follower:
+                self.rows.copy(leader.row, follower.row)
+                follower.leader = None
+                copied.append(follower)
+        leader.followers = []
+        return copied
 
     def _started(self, slot: _Slot) -> None:
         """The whole prompt is in the row's KV, its last logits ready: start the completion's controller."""

@@ -134,3 +134,17 @@ def test_a_row_passed_over_by_a_step_keeps_the_logits_of_its_own_last_step(batch
 
     np.testing.assert_array_equal(np.array(rows[0].logits()), before)
     np.testing.assert_allclose(before[-1], expected_last(batch_model, [4, 5, 6]), atol=ATOL)
+
+
+def test_copy_makes_a_live_row_continue_another_and_leaves_the_source_as_it_was(batch_model: Path) -> None:
+    rows = Rows("target", load_model(batch_model, threads=1), capacity=3, max_length=16)
+    rows.fork(0)
+    rows.fork(0)
+    rows[0].forward([5, 9, 2])
+    rows[2].forward([7])  # a row with tokens of its own, replaced by the copy
+    rows.copy(0, 2)
+    assert rows[2].tokens.tolist() == [5, 9, 2]
+    logits = rows.step([4, 4], rows=[0, 2])
+    np.testing.assert_allclose(logits[0], expected_last(batch_model, [5, 9, 2, 4]), atol=1e-4)
+    np.testing.assert_allclose(logits[1], logits[0], atol=1e-6)
+    assert rows[1].length == 0

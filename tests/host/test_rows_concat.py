@@ -128,3 +128,14 @@ def test_rows_beyond_the_available_memory_are_refused_naming_how_many_fit(
     with pytest.raises(ConfigError, match=r"needs 8 rows of 256 positions.*use at most 3 rows"):
         Rows("target", model, capacity=8, max_length=256)
     assert Rows("target", model, capacity=3, max_length=256).capacity == 3
+
+
+def test_copy_makes_a_live_row_continue_another(model: LoadedModel) -> None:
+    rows = Rows("target", model, capacity=2, max_length=16)
+    other = rows.fork(0)
+    rows[0].forward([3, 4, 5])
+    rows[other].forward([8])
+    rows.copy(0, other)
+    assert rows[other].tokens.tolist() == [3, 4, 5]
+    np.testing.assert_allclose(np.array(rows[other].forward([7]))[-1], expected_last(model, [3, 4, 5, 7]), atol=ATOL)
+    np.testing.assert_allclose(np.array(rows[0].forward([6]))[-1], expected_last(model, [3, 4, 5, 6]), atol=ATOL)

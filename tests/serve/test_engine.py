@@ -225,6 +225,32 @@ def test_a_long_prompt_prefills_a_chunk_a_step_while_other_rows_decode(tiny_mode
     assert all(not logits for _, logits in rule.prefills[1:]) and sum(n for n, _ in rule.prefills[1:]) == len(long) - 1
 
 
+@pytest.mark.parametrize("decoding", [False, True])
+def test_n_completions_share_one_prefill_and_keep_their_offline_twins_tokens(tiny_model: Path, decoding: bool) -> None:
+    registry = plugin_registry()
+    rule = RecordedPrefills()
+    engine = Engine({"target": load_model(tiny_model)}, registry=registry, max_rows=4, join_rule=rule)
+    others = queue.Queue[Any]()
+    if decoding:  # a row decoding already: the request's prompt goes in beside it
+        engine.submit(EngineRequest(ids=ids(engine, "x = 1"), max_new_tokens=30), others.put)
+    events = queue.Queue[Any]()
+    text = "def read_lines(path, encoding):\n    with open(path) as f:"
+    request = EngineRequest(ids=ids(engine, text), max_new_tokens=10, n=3, seed=7, controller="sample")
+    engine.submit(request, events.put)
+    engine.start()
+    finished = sorted((e for e in collect(events, 3) if isinstance(e, Finished)), key=lambda f: f.index)
+    if decoding:
+        collect(others, 1)
+    engine.close()
+    offline = Generator({"target": engine.models["target"]}, "sample", options={"n": 3}, registry=registry)
+    expected = offline.generate(text, max_new_tokens=10, seed=7)
+    assert [f.tokens for f in finished] == [c.tokens for c in expected.completions]
+    # the three completions' prompt: fed once, without logits, but for its last token (fed in the batched Run)
+    prompt = rule.prefills[1:] if decoding else rule.prefills
+    assert sum(n for n, _ in prompt) == len(request.ids) - 1 and not any(logits for _, logits in prompt)
+    assert_no_row_left(engine)
+
+
 def test_a_speculating_rows_last_prompt_chunk_computes_its_logits(tiny_model: Path) -> None:
     registry = plugin_registry()
     rule = RecordedPrefills()
