@@ -287,6 +287,17 @@ class Eagle:
         host.trace["draft_length"] = self._rule_name()
         host.trace["acceptance"] = self._mode()
 
+    def resume(self, host: Host) -> None:
+        """Take the row back after other controllers stepped it (decoctl serve's batched greedy step, which leaves
+        the last committed token in the target's KV cache with its logits and features ready): that token becomes
+        the pending one (``Verifier.take_over``), as after ``start``. The target's features of the tokens stepped
+        meanwhile were not kept, so the head drops its backlog and goes on from the context it holds, its positions
+        continuing after it (as a catch-up longer than ``catch_up_most`` does): its first drafts may miss, the
+        verification keeps every token the target's, and each verify or plain forward feeds it true features again.
+        The draft-length rule carries on."""
+        self._pairs.clear()
+        self.verifier.take_over(host)
+
     def _prompt_features(self, host: Host) -> np.ndarray:
         target = host.target
         prompt = host.prompt_tokens
