@@ -76,7 +76,7 @@ KIND_WINDOW = 64
 #: the share of a batched Run's seconds a step may add to it with prompt chunks (the default: JoinRule's
 #: ``prefill_share``, decoctl serve's --prefill-share): more admits prompts faster and keeps the batch fuller, less
 #: holds the inter-token latency of the rows decoding closer to the batched Run's
-PREFILL_SHARE = 0.25
+PREFILL_SHARE = 0.5
 #: a step's prompt work may take up to this many one-row steps (a one-token forward with its logits) however small
 #: the batched Run: a forward's fixed cost, reading the weights, would make smaller chunks mostly waste
 MIN_CHUNK = 1.2
