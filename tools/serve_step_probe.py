@@ -7,7 +7,7 @@
     kill %1; .venv/bin/python tools/serve_step_probe.py --report build/steps.json
 
 The arguments after ``--`` go to `decoctl serve`; the step log is written when the server stops (SIGTERM or ^C).
-``--one-forward-chunks`` holds every prompt chunk to what one one-token forward costs (the engine's floor only),
+``--one-forward-chunks`` holds a step's prompt work to the engine's floor (``MIN_CHUNK`` one-row steps),
 to see what that does to inter-token latency and admission. ``--report`` prints, over the steps with at least
 12 rows decoding, the step times (all, with a prompt chunk, without) and the chunks' own times.
 """
@@ -47,23 +47,15 @@ def serve(log_path: Path, one_forward_chunks: bool, serve_args: list[str]) -> No
     engine.Engine._iteration, engine.Engine._prefill = timed_iteration, timed_prefill  # type: ignore[method-assign]
     if one_forward_chunks:
         rule = join_rule.JoinRule
+        budget = rule.prefill_budget
 
-        def floor_only(self: Any, span: int, remaining: int, capacity: int | None = None, *, logits: bool) -> int:
-            del capacity
-            return rule.prefill_tokens(self, span, remaining, logits=logits)  # the share and the one-forward floor
+        def one_forward(self: Any, span: int, capacity: int | None = None) -> float | None:
+            """A step's prompt work held to the engine's floor: MIN_CHUNK one-row steps, whatever the Run."""
+            if budget(self, span, capacity) is None:
+                return None
+            return join_rule.MIN_CHUNK * (self.run_seconds(1) or 0.0)
 
-        def one_forward(self: Any, span: int, remaining: int, capacity: int | None = None, *, logits: bool) -> int:
-            del capacity
-            one = self.run_seconds(1)
-            if not one or self.prefill_seconds(1, logits=False) is None:
-                return floor_only(self, span, remaining, logits=logits)
-            tokens = 1
-            price = lambda n: self.prefill_seconds(n, logits=logits and n == remaining) or 0.0  # noqa: E731
-            while tokens < remaining and price(tokens + 1) <= join_rule.MIN_CHUNK * one:
-                tokens += 1
-            return tokens
-
-        rule.prefill_tokens = one_forward  # type: ignore[method-assign]
+        rule.prefill_budget = one_forward  # type: ignore[method-assign]
 
     def write() -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -129,11 +129,7 @@ class Rows:
             )
         source._check_settled(f"fork({row})")
         sequence = self._new_row(free)
-        if self._kv is None:
-            sequence._copy_row(source)
-        else:
-            self._kv.copy_row(row, free)
-            sequence._adopt_tokens(source.tokens, source.images)
+        self._copy_into(row, free, sequence)
         self._rows[free] = sequence
         return free
 
@@ -145,11 +141,15 @@ class Rows:
             return
         from_row._check_settled(f"copy({source}, {destination})")
         to_row._check_settled(f"copy({source}, {destination})")
+        self._copy_into(source, destination, to_row)
+
+    def _copy_into(self, source: int, destination: int, sequence: Sequence) -> None:
+        """Row ``destination``'s sequence takes row ``source``'s tokens and KV cache (fork, copy)."""
         if self._kv is None:
-            to_row._copy_row(from_row)
+            sequence._copy_row(self[source])
         else:
             self._kv.copy_row(source, destination)
-            to_row._adopt_tokens(from_row.tokens, from_row.images)
+            sequence._adopt_tokens(self[source].tokens, self[source].images)
 
     def release(self, row: int) -> None:
         """Free row ``row`` (not row 0, which is the role itself); its id may be reused by the next fork."""

@@ -715,12 +715,18 @@ class Engine:
         controller's row, with no image features to place)."""
         return slot.batched and slot.handle.request.images is None
 
+    def _prompt_end(self, slot: _Slot, budget: float | None) -> tuple[bool, int]:
+        """Whether the row feeds its prompt's last token in the batched Run (with rows decoding, ``budget`` given,
+        or with followers to copy the prompt into), and so where its chunks end."""
+        assert slot.prompt is not None
+        in_run = (budget is not None or bool(slot.followers)) and self._in_run(slot)
+        return in_run, len(slot.prompt) - in_run
+
     def _affordable(self, slot: _Slot, budget: float) -> bool:
         """Whether the next token of the row's prompt fits in what is left of the step's budget (with rows
         decoding); a row with only its last token left, which the Run feeds, always does."""
-        assert slot.prompt is not None
-        in_run = self._in_run(slot)
-        done, end = slot.host.target.length, len(slot.prompt) - in_run
+        in_run, end = self._prompt_end(slot, budget)
+        done = slot.host.target.length
         if done >= end:
             return True
         ending = not in_run and done + 1 == end
@@ -737,8 +743,7 @@ class Engine:
         assert slot.prompt is not None
         target = slot.host.target
         done = target.length
-        in_run = (budget is not None or bool(slot.followers)) and self._in_run(slot)
-        end = len(slot.prompt) - in_run
+        in_run, end = self._prompt_end(slot, budget)
         remaining = end - done
         if remaining > 0:
             logits = not in_run

@@ -192,13 +192,6 @@ class JoinRule:
             tokens += 1
         return tokens
 
-    def prefill_tokens(self, span: int, remaining: int, capacity: int | None = None, *, logits: bool = True) -> int:
-        """How many of a prompt's ``remaining`` tokens a step whose batched Run spans ``span`` rows of ``capacity``
-        feeds, the prompt taking the step's whole budget: all of them before a Run and a prompt forward were
-        measured."""
-        budget = self.prefill_budget(span, capacity)
-        return remaining if budget is None else self.prefill_tokens_within(budget, remaining, logits=logits)
-
     def estimate(self, row: Hashable, kind: Hashable = None) -> tuple[float, float] | None:
         """A speculating row's mean (tokens, seconds) a step: its own, or its kind's while it has too few."""
         steps = self._steps.get(row)

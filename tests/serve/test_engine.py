@@ -15,6 +15,7 @@ from decoctl.generation import ChatPrompt
 from decoctl.serve.engine import Delta, Engine, EngineClosedError, EngineRequest, Failed, Finished
 from decoctl.serve.join_rule import JoinRule
 from decoctl.testing import build_genai_model
+from decoctl.testing.join_rules import Alternating
 
 from .conftest import plugin_registry
 
@@ -55,21 +56,6 @@ class AfterTwoSteps(JoinRule):
 
     def choose(self, rows: Any, batch_rows: int, span: int, **given: Any) -> set[Any]:
         return {row for row in rows if len(self._steps.get(row, ())) >= 2}
-
-
-class Alternating(JoinRule):
-    """A join rule that moves every speculating row into the batched step and back: ``batched`` engine steps in the
-    Run, then ``drafting`` steps drafting, from its first step on."""
-
-    def __init__(self, batched: int = 2, drafting: int = 1) -> None:
-        super().__init__()
-        self.period, self.batched = batched + drafting, batched
-        self.asked: dict[Any, int] = {}
-
-    def choose(self, rows: Any, batch_rows: int, span: int, **given: Any) -> set[Any]:
-        for row in rows:
-            self.asked[row] = self.asked.get(row, -1) + 1
-        return {row for row in rows if self.asked[row] % self.period < self.batched}
 
 
 @pytest.fixture

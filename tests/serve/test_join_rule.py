@@ -7,6 +7,13 @@ import pytest
 from decoctl.serve.join_rule import JOIN_GAIN, MIN_CHUNK, MIN_STEPS, PREFILL_SHARE, SWITCH_GAIN, JoinRule
 
 
+def chunk(rule: JoinRule, span: int, remaining: int, capacity: int | None = None) -> int:
+    """The tokens of a prompt's ``remaining`` that a step whose Run spans ``span`` of ``capacity`` rows feeds, the
+    prompt alone spending the step's budget (all of them while there is no budget yet), as the engine does."""
+    budget = rule.prefill_budget(span, capacity)
+    return remaining if budget is None else rule.prefill_tokens_within(budget, remaining)
+
+
 def rule_with(runs: dict[int, float], steps: tuple[int, float] | None = None, count: int = MIN_STEPS) -> JoinRule:
     rule = JoinRule()
     for rows, seconds in runs.items():
@@ -88,37 +95,37 @@ def test_runs_are_priced_by_prompt_forwards_before_any_run_was_measured() -> Non
 
 
 def test_a_prompt_is_fed_whole_until_costs_are_measured() -> None:
-    assert JoinRule().prefill_tokens(8, 100) == 100
+    assert chunk(JoinRule(), 8, 100) == 100
     rule = JoinRule()
     rule.observe_run(8, 3.0)
-    assert rule.prefill_tokens(8, 100) == 100  # no prompt forward measured yet
+    assert chunk(rule, 8, 100) == 100  # no prompt forward measured yet
 
 
 def test_a_prompt_chunk_fits_in_a_share_of_the_batched_run() -> None:
     rule = rule_with({8: 3.1})
     rule.observe_prefill(1, 0.5)
     rule.observe_prefill(11, 1.5)  # 0.5 + 0.1 a token
-    assert rule.prefill_tokens(8, 100) == int((PREFILL_SHARE * 3.1 - 0.5) / 0.1) + 1
-    assert rule.prefill_tokens(8, 3) == 3
+    assert chunk(rule, 8, 100) == int((PREFILL_SHARE * 3.1 - 0.5) / 0.1) + 1
+    assert chunk(rule, 8, 3) == 3
 
 
 def test_a_prompt_chunk_is_never_smaller_than_a_few_one_token_forwards_allow() -> None:
     rule = rule_with({1: 0.5})  # a share of this Run is less than one prompt forward
     rule.observe_prefill(1, 0.5)
     rule.observe_prefill(11, 0.9)  # 0.5 + 0.04 a token
-    assert rule.prefill_tokens(1, 100) == int((MIN_CHUNK * 0.5 - 0.5) / 0.04) + 1 > 1
+    assert chunk(rule, 1, 100) == int((MIN_CHUNK * 0.5 - 0.5) / 0.04) + 1 > 1
 
 
 def test_a_prompt_behind_a_few_rows_goes_in_chunks_a_full_batchs_step_allows() -> None:
     rule = rule_with({1: 0.5, 16: 2.0})
     rule.observe_prefill(1, 0.5)
     rule.observe_prefill(11, 0.9)  # 0.5 + 0.04 a token
-    small = rule.prefill_tokens(1, 200)  # without the capacity: one-token forwards' floor only
+    small = chunk(rule, 1, 200)  # without the capacity: one-token forwards' floor only
     assert small == int((MIN_CHUNK * 0.5 - 0.5) / 0.04) + 1
     # beside one row of 16: the step may take what a full batch's step with its share takes, less the Run's own
-    assert rule.prefill_tokens(1, 200, 16) == int(((1 + PREFILL_SHARE) * 2.0 - 0.5 - 0.5) / 0.04) + 1 > small
+    assert chunk(rule, 1, 200, 16) == int(((1 + PREFILL_SHARE) * 2.0 - 0.5 - 0.5) / 0.04) + 1 > small
     # a full batch gets its share only
-    assert rule.prefill_tokens(16, 200, 16) == rule.prefill_tokens(16, 200)
+    assert chunk(rule, 16, 200, 16) == chunk(rule, 16, 200)
 
 
 def test_chunks_before_a_prompts_last_are_priced_without_the_lm_head() -> None:

@@ -12,23 +12,8 @@ import pytest
 from decoctl import Generator, load_model
 from decoctl.plugins import PluginRegistry
 from decoctl.serve.engine import Engine, EngineRequest, Finished
-from decoctl.serve.join_rule import JoinRule
 from decoctl.testing import first_divergence_is_a_tie
-
-
-class Alternating(JoinRule):
-    """Every speculating row: ``batched`` engine steps in the batched Run, then ``drafting`` steps drafting."""
-
-    def __init__(self, batched: int, drafting: int) -> None:
-        super().__init__()
-        self.period, self.batched = batched + drafting, batched
-        self.asked: dict[Any, int] = {}
-
-    def choose(self, rows: Any, batch_rows: int, span: int, **given: Any) -> set[Any]:
-        for row in rows:
-            self.asked[row] = self.asked.get(row, -1) + 1
-        return {row for row in rows if self.asked[row] % self.period < self.batched}
-
+from decoctl.testing.join_rules import Alternating
 
 #: drafting options fixed, so that the rows draft whatever the machine's costs
 DRAFTING = {"chain": {"drafting": "chain", "k": 4, "adaptive": False}, "tree": {"drafting": "tree"}}
