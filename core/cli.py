@@ -15,17 +15,18 @@ from typing import Any, TextIO
 
 import attrs
 
+from decoctl import __version__
 from decoctl._runfile import RunFile
 from decoctl.bench import HUGE_PAGES_HELP, add_bench_parser, run_bench
 from decoctl.errors import ConfigError, DecoctlError, GenerationError, PluginError
 from decoctl.generation import BatchPrompt, GenerationResult, GenerationStats, Generator, read_prompts, result_record
 from decoctl.importers import IMPORTERS, import_model
-from decoctl.importers.registry import load_registry
+from decoctl.importers._registry import load_registry
 from decoctl.logs import LOGGER
-from decoctl.model.tokenizer import require_utf8
+from decoctl.model._tokenizer import require_utf8
 from decoctl.plugins import BUILTIN_PLUGIN, PluginRegistry
-from decoctl.serve.bench import run_bench_serve
-from decoctl.serve.command import add_serve_parsers, run_chat, run_serve
+from decoctl.serve._bench import run_bench_serve
+from decoctl.serve._command import add_serve_parsers, run_chat, run_serve
 from decoctl.specs import CommandSpec
 
 __all__ = ["main"]
@@ -165,7 +166,7 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         return default if value is None else value
 
     if args.ray_actors is not None:
-        from decoctl.ray.command import run_prompts
+        from decoctl.ray._command import run_prompts
 
         return run_prompts(
             batch or [],
@@ -317,7 +318,8 @@ def _run_plugins(args: argparse.Namespace, registry: PluginRegistry) -> int:
         print(f"{title}:")
         for name, record in sorted(records.items()):
             dist = registry.distribution_of(record.plugin) or record.plugin
-            print(f"  {name:<22} {dist:<24} {record.summary}")
+            source = f"{dist} {registry.version_of(record.plugin)}".strip()
+            print(f"  {name:<22} {source:<30} {record.summary}")
         if not records:
             print("  (none)")
     for plugin, error in sorted(registry.skipped.items()):
@@ -327,9 +329,9 @@ def _run_plugins(args: argparse.Namespace, registry: PluginRegistry) -> int:
 
 def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
     if args.models_command == "info":
-        from decoctl.model.kv_cache import describe_layers
-        from decoctl.model.loader import load_model
-        from decoctl.model.runner import dry_forward
+        from decoctl.model._kv_cache import describe_layers
+        from decoctl.model._loader import load_model
+        from decoctl.model._runner import dry_forward
         from decoctl.plugins import resolve_model
 
         name, path = resolve_model(args.model, registry)
@@ -429,6 +431,7 @@ def build_parser(
     ones, each listed with its distribution (``registry`` names it). PluginError when one takes a built-in name."""
     parser = argparse.ArgumentParser(prog="decoctl", description="decode controllers for ONNX language models")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-v info, -vv debug)")
+    parser.add_argument("--version", action="version", version=f"decoctl {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_generate(commands)
     commands.add_parser("plugins", help="list controllers, processors, models and commands with their distributions")
@@ -538,7 +541,7 @@ def _command(args: argparse.Namespace, registry: PluginRegistry) -> int:
 
 
 def _add_ray_serve(serve: argparse.ArgumentParser) -> None:
-    """decoctl serve's options for Ray Serve replicas (decoctl.ray.serve)."""
+    """decoctl serve's options for Ray Serve replicas (decoctl.ray._serve)."""
     serve.add_argument(
         "--ray-replicas",
         type=int,
@@ -566,7 +569,7 @@ def _run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
                 option = "--" + flag.replace("_", "-")
                 raise DecoctlError(f"{option} needs --ray-replicas N: how many replicas to serve from")
         return run_serve(args, registry)
-    from decoctl.ray.serve import run_replicas
+    from decoctl.ray._serve import run_replicas
 
     return run_replicas(args, registry)
 

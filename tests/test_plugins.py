@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+import decoctl
 from decoctl import ControllerSpec, Greedy, ModelBundle, PluginError, hookimpl
-from decoctl.plugins import PluginRegistry
+from decoctl.plugins import PluginRegistry, resolve_controller
 
 CONTROLLERS_MODULE = """
 from decoctl import ControllerSpec, Greedy, hookimpl
@@ -41,12 +42,14 @@ def install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Install
     entry_points: dict[str, list[str]] = {}
     modules: list[str] = []
 
-    def install(entry_point: str, source: str, distribution: str = "decoctl-fake") -> str:
+    def install(entry_point: str, source: str, distribution: str = "decoctl-fake", requires: str = "") -> str:
         module = f"plugin_{entry_point.replace('-', '_')}_{id(site)}"
         (site / f"{module}.py").write_text(textwrap.dedent(source))
         info = site / f"{distribution.replace('-', '_')}-1.0.dist-info"
         info.mkdir(exist_ok=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 1.0\n")
+        metadata = f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 1.0\n"
+        metadata += "".join(f"Requires-Dist: {line}\n" for line in requires.splitlines() if line.strip())
+        (info / "METADATA").write_text(metadata)
         entry_points.setdefault(distribution, []).append(f"{entry_point} = {module}")
         (info / "entry_points.txt").write_text("[decoctl]\n" + "\n".join(entry_points[distribution]) + "\n")
         modules.append(module)
@@ -96,6 +99,31 @@ def test_disabled_plugins_are_blocked_by_entry_point_or_distribution_name_and_ne
     assert "three" in controllers and "one" not in controllers and "two" not in controllers
     assert by_name not in sys.modules and by_distribution not in sys.modules
     assert registry.manager.is_blocked("Fine_One") and registry.manager.is_blocked("two")
+
+
+def test_a_plugin_made_for_another_decoctl_is_refused_before_import_naming_both_versions(install: Install) -> None:
+    module = install("future", CONTROLLERS_MODULE.format(name="future"), "decoctl-future", requires="decoctl>=99,<100")
+    install("fine", CONTROLLERS_MODULE.format(name="fine"), "decoctl-fine", requires="decoctl>=0.1\nnumpy")
+    with capture_logs() as logs:
+        registry = PluginRegistry()
+    assert module not in sys.modules
+    assert "fine" in registry.controllers() and "future" not in registry.controllers()
+    reason = registry.skipped["future"]
+    assert f"decoctl-future 1.0 works with decoctl <100,>=99, and decoctl {decoctl.__version__} is installed" in reason
+    assert "pip install --upgrade decoctl-future" in reason
+    assert [entry["plugin"] for entry in logs if entry["event"] == "decoctl.plugin_refused"] == ["future"]
+    with pytest.raises(PluginError, match=r"plugin future was not loaded: decoctl-future 1\.0 works with decoctl"):
+        resolve_controller("future", registry)
+
+
+def test_a_plugin_that_needs_decoctl_only_for_an_extra_is_not_refused_for_it(install: Install) -> None:
+    requires = 'decoctl>=99; extra == "bench"\ndecoctl>=0.1'
+    install("extra", CONTROLLERS_MODULE.format(name="extra"), "decoctl-extra", requires=requires)
+    assert "extra" in PluginRegistry().controllers()
+
+
+def test_decoctl_version_comes_from_the_distributions_metadata() -> None:
+    assert decoctl.__version__ == importlib.metadata.version("decoctl")
 
 
 def test_a_registered_plugin_the_disable_list_names_is_blocked(monkeypatch: pytest.MonkeyPatch) -> None:

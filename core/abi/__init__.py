@@ -34,12 +34,19 @@ __all__ = [
     "ControllerEntry",
     "Library",
     "LibraryController",
+    "include_dir",
     "library_controller_spec",
     "library_factory",
     "load_library",
 ]
 
 log = get_logger(__name__)
+
+
+def include_dir() -> Path:
+    """The folder holding ``decoctl.h``, the header a C controller compiles against (installed with decoctl):
+    ``cc -I"$(python -m decoctl.abi --include-dir)" ...``."""
+    return Path(__file__).resolve().parent / "include"
 
 
 def library_controller_spec(path: Path, symbol: str | None = None) -> ControllerSpec:

@@ -53,7 +53,8 @@ MAX_CONTROLLERS = 1024  # more than this in one entry means the entry is garbage
 if lib is not None and (lib.DECOCTL_ABI_MAJOR, lib.DECOCTL_ABI_MINOR) != (ABI_MAJOR, ABI_MINOR):
     raise ImportError(
         f"decoctl._abi was built from decoctl.h {lib.DECOCTL_ABI_MAJOR}.{lib.DECOCTL_ABI_MINOR}, but decoctl.abi "
-        f"speaks {ABI_MAJOR}.{ABI_MINOR}: reinstall decoctl (pip install -e .) to rebuild the bridge"
+        f"speaks {ABI_MAJOR}.{ABI_MINOR}: reinstall decoctl so that the bridge is built again "
+        "(pip install --force-reinstall decoctl; in a checkout: pip install .)"
     )
 
 
@@ -61,8 +62,9 @@ def require_bridge() -> None:
     """PluginError, saying how to build it, where the compiled bridge decoctl._abi is missing."""
     if _BRIDGE_ERROR is not None:
         raise PluginError(
-            f"the C ABI bridge decoctl._abi is not built ({_BRIDGE_ERROR}): reinstall decoctl (pip install -e .) "
-            "with a C compiler and cffi available, so that setup.py compiles it"
+            f"the C ABI bridge decoctl._abi is missing from this decoctl install ({_BRIDGE_ERROR}): install a decoctl "
+            "wheel built for this platform, or build one from the sdist where a C compiler and the Python headers are "
+            "(pip install --force-reinstall --no-binary decoctl decoctl; in a checkout: pip install .)"
         )
 
 

@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 import attrs
 import pluggy
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from decoctl.errors import PluginError
 from decoctl.logs import get_logger
@@ -196,9 +198,11 @@ class PluginRegistry:
     ``autoload``: load the installed plugins (entry-point group "decoctl"); tests turn it off and register plugin
     objects with ``register``. ``builtins``: make sure the greedy and sample baselines are there; they come through
     decoctl's own entry point like any plugin, and are registered directly when autoloading is off.
-    ``DECOCTL_DISABLE_PLUGINS=a,b`` blocks plugins by entry-point or distribution name. A plugin that fails to
-    import is logged (``decoctl.plugin_skipped``) and listed in ``skipped``; one that implements a hook decoctl
-    does not define, or does not fit a hook's signature, is a PluginError.
+    ``DECOCTL_DISABLE_PLUGINS=a,b`` blocks plugins by entry-point or distribution name. A plugin whose
+    distribution requires a decoctl version other than this one is refused before it is imported, and one that fails
+    to import is skipped: each is logged (``decoctl.plugin_refused``, ``decoctl.plugin_skipped``) and listed in
+    ``skipped`` with the reason; one that implements a hook decoctl does not define, or does not fit a hook's
+    signature, is a PluginError.
     """
 
     def __init__(self, *, autoload: bool = True, builtins: bool = True) -> None:
@@ -211,6 +215,7 @@ class PluginRegistry:
         self._records: dict[str, dict[str, Any]] = {}
         if autoload:
             self._block_disabled_entry_points()
+            self._refuse_unsupported_entry_points()
             self._load_entry_points()
             self._check_hooks()
         if builtins and not (self._pm.has_plugin(BUILTIN_PLUGIN) or self._pm.is_blocked(BUILTIN_PLUGIN)):
@@ -249,8 +254,19 @@ class PluginRegistry:
         if not self._disabled:
             return
         for entry_point, dist in _entry_points():
-            if normalise_name(entry_point.name) in self._disabled or normalise_name(dist) in self._disabled:
-                log.info("decoctl.plugin_disabled", plugin=entry_point.name, distribution=dist, env=DISABLE_ENV)
+            if normalise_name(entry_point.name) in self._disabled or normalise_name(_name(dist)) in self._disabled:
+                log.info("decoctl.plugin_disabled", plugin=entry_point.name, distribution=_name(dist), env=DISABLE_ENV)
+                self._pm.set_blocked(entry_point.name)
+
+    def _refuse_unsupported_entry_points(self) -> None:
+        """Block, before importing it, each plugin whose distribution states decoctl versions this one is not."""
+        for entry_point, dist in _entry_points():
+            if self._pm.is_blocked(entry_point.name):
+                continue
+            reason = unsupported_decoctl(dist)
+            if reason is not None:
+                self.skipped[entry_point.name] = reason
+                log.warning("decoctl.plugin_refused", plugin=entry_point.name, distribution=_name(dist), reason=reason)
                 self._pm.set_blocked(entry_point.name)
 
     def _load_entry_points(self) -> None:
@@ -268,11 +284,11 @@ class PluginRegistry:
             try:
                 self._pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=entry_point.name)
             except pluggy.PluginValidationError as exc:
-                raise _misfit(entry_point.name, exc, dist) from exc
+                raise _misfit(entry_point.name, exc, _name(dist)) from exc
             except Exception as exc:  # a broken plugin must not take the host down; it is logged and skipped
                 error = f"{type(exc).__name__}: {exc}"
                 self.skipped[entry_point.name] = error
-                log.warning("decoctl.plugin_skipped", plugin=entry_point.name, distribution=dist, error=error)
+                log.warning("decoctl.plugin_skipped", plugin=entry_point.name, distribution=_name(dist), error=error)
 
     def _check_hooks(self) -> None:
         """pluggy's check_pending, as a PluginError naming the plugin, its unknown hooks and the likely intent."""
@@ -310,6 +326,16 @@ class PluginRegistry:
             if loaded is found:
                 return str(dist.project_name)
         return PROJECT if getattr(found, "__name__", "") == "decoctl.plugins._builtin" else ""
+
+    def version_of(self, plugin: str) -> str:
+        """The version of the distribution that installed a plugin ("" for registered objects)."""
+        dist = self.distribution_of(plugin)
+        if not dist:
+            return ""
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return ""
 
     # -- facade -----------------------------------------------------------------------------------------
     def controllers(self) -> dict[str, ControllerSpec]:
@@ -391,12 +417,43 @@ class PluginRegistry:
         self._pm.hook.decoctl_generation_end(stats=stats, error=error)
 
 
-def _entry_points() -> Iterator[tuple[importlib.metadata.EntryPoint, str]]:
-    """(entry point, distribution name) of group "decoctl", from the distributions pluggy reads, in its order."""
+def _entry_points() -> Iterator[tuple[importlib.metadata.EntryPoint, importlib.metadata.Distribution]]:
+    """(entry point, distribution) of group "decoctl", from the distributions pluggy reads, in its order."""
     for dist in importlib.metadata.distributions():
         for entry_point in dist.entry_points:
             if entry_point.group == ENTRY_POINT_GROUP:
-                yield entry_point, dist.metadata["Name"]
+                yield entry_point, dist
+
+
+def _name(dist: importlib.metadata.Distribution) -> str:
+    return str(dist.metadata["Name"])
+
+
+def unsupported_decoctl(dist: importlib.metadata.Distribution, version: str | None = None) -> str | None:
+    """Why the plugin distribution ``dist`` cannot run with decoctl ``version`` (the installed one by default):
+    the decoctl versions its requirements state exclude it. None where they admit it or state none."""
+    if version is None:
+        from decoctl import __version__ as version
+    name = _name(dist)
+    if canonicalize_name(name) == PROJECT:
+        return None
+    for line in dist.requires or ():
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue  # the installer read these requirements already; a line it could not parse is not ours to judge
+        if canonicalize_name(requirement.name) != PROJECT:
+            continue
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue  # a requirement of an extra only
+        if requirement.specifier.contains(version, prereleases=True):
+            return None
+        return (
+            f"{name} {dist.version} works with decoctl {requirement.specifier}, and decoctl {version} is installed: "
+            f"install a release of {name} made for decoctl {version} (pip install --upgrade {name}), or a decoctl it "
+            f"supports (pip install 'decoctl{requirement.specifier}')"
+        )
+    return None
 
 
 def _misfit(plugin: str, exc: pluggy.PluginValidationError, dist: str = "") -> PluginError:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from decoctl.errors import ConfigError, ModelLoadError, PluginError
-from decoctl.importers.registry import find_registered, load_registry
+from decoctl.importers._registry import find_registered, load_registry
 from decoctl.processing import LogitsProcessor, ProcessorChain, checked_processor, processor_name
 from decoctl.specs import ControllerSpec, normalise_name, parse_options
 
@@ -92,9 +92,13 @@ def resolve_controller(
         return _library_controller(Path(reference), None)
     if ":" not in reference:
         names = ", ".join(sorted(controllers))
+        not_loaded = "".join(
+            f"; plugin {plugin} was not loaded: {why}" for plugin, why in sorted(registry.skipped.items())
+        )
         raise PluginError(
             f"unknown controller {reference!r} (installed: {names}): install the plugin that provides it, or "
             "give file.py:Class, package.module:Class, library.so:name, library.so, a controller class or an instance"
+            f"{not_loaded}"
         )
     location, _, attribute = reference.rpartition(":")
     if location.endswith(LIBRARY_SUFFIXES):
