@@ -2,7 +2,7 @@
 
 A small host runs the model and exposes step primitives; decoding strategies are plugins.
 
-The names below are loaded on first use (PEP 562), so that importing a low layer (``decoctl.model.tree``) or a
+The names below are loaded on first use (PEP 562), so that importing a low layer (``decoctl.model._tree``) or a
 plugin's hook module loads nothing above it, and ``import decoctl`` alone loads no onnxruntime.
 """
 
@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     )
     from decoctl.generation import GenerationResult, GenerationStats, Generator, generate, stream
     from decoctl.host import Host, Sequence
-    from decoctl.importers.registry import RegisteredModel, models_dir, register_role_default
+    from decoctl.importers._registry import RegisteredModel, models_dir, register_role_default
     from decoctl.model.graph import tap_layers
-    from decoctl.model.loader import load_model
+    from decoctl.model._loader import load_model
     from decoctl.plugins import PluginRegistry, hookimpl, resolve_model
     from decoctl.processing import LogitsProcessor, ProcessContext, ProcessorChain, bound_through, from_transformers
     from decoctl.specs import CommandSpec, ControllerSpec, ModelBundle, Option, ProcessorSpec
@@ -57,8 +57,8 @@ _EXPORTS = {
     ),
     **dict.fromkeys(("GenerationResult", "GenerationStats", "Generator", "generate", "stream"), "decoctl.generation"),
     **dict.fromkeys(("Host", "Sequence"), "decoctl.host"),
-    **dict.fromkeys(("RegisteredModel", "models_dir", "register_role_default"), "decoctl.importers.registry"),
-    "load_model": "decoctl.model.loader",
+    **dict.fromkeys(("RegisteredModel", "models_dir", "register_role_default"), "decoctl.importers._registry"),
+    "load_model": "decoctl.model._loader",
     "tap_layers": "decoctl.model.graph",
     **dict.fromkeys(("PluginRegistry", "hookimpl"), "decoctl.plugins"),
     **dict.fromkeys(("LogitsProcessor", "ProcessContext", "ProcessorChain", "bound_through"), "decoctl.processing"),

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from decoctl import verify
-from decoctl.testing.distributions import chi_square_p
+from decoctl.testing._distributions import chi_square_p
 
 ALPHA = 1e-3
 DRAWS = 20_000

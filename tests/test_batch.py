@@ -13,7 +13,7 @@ import pytest
 
 from decoctl import ConfigError, ControllerSpec, Generator, Host
 from decoctl.generation import BatchPrompt, read_prompts
-from decoctl.model.batch_step import BatchStep
+from decoctl.model._batch_step import BatchStep
 from decoctl.plugins import PluginRegistry, hookimpl
 
 #: prompts of different lengths, each with its own max_new_tokens, so that rows finish at different steps

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, processors
 from decoctl import ConfigError, Generator
 from decoctl.generation import ChatPrompt, ChatTemplate
 from decoctl.testing import build_genai_model
-from decoctl.testing.tokenizer import build_tokenizer
+from decoctl.testing._tokenizer import build_tokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from decoctl.model.tokenizer import Tokenizer
+from decoctl.model._tokenizer import Tokenizer
 
 COMMAND = [sys.executable, "-m", "decoctl.cli"]
 

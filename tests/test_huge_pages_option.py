@@ -13,7 +13,8 @@ import pytest
 from decoctl.bench._runs import child_command
 from decoctl.cli import build_parser, main
 from decoctl.generation import Generator
-from decoctl.model import huge_pages, load_model
+from decoctl.model import _huge_pages as huge_pages
+from decoctl.model import load_model
 from decoctl.plugins import PluginRegistry
 
 

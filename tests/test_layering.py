@@ -40,7 +40,7 @@ def loaded_after(statement: str) -> set[str]:
 
 
 def test_the_tree_loads_neither_the_host_nor_onnxruntime() -> None:
-    loaded = loaded_after("import decoctl.model.tree")
+    loaded = loaded_after("import decoctl.model._tree")
     assert "decoctl.host" not in loaded
     assert "onnxruntime" not in loaded
     assert {m for m in loaded if m.startswith("decoctl")} == {
@@ -48,7 +48,7 @@ def test_the_tree_loads_neither_the_host_nor_onnxruntime() -> None:
         "decoctl._lazy",  # the packages' lazy exports, a leaf
         "decoctl.errors",
         "decoctl.model",
-        "decoctl.model.tree",
+        "decoctl.model._tree",
     }
 
 
@@ -67,9 +67,9 @@ def test_processor_chains_and_the_transformers_adapter_load_no_torch_until_one_i
     assert "torch" not in loaded and "transformers" not in loaded
 
 
-@pytest.mark.parametrize("module", ["decoctl.importers.registry", "decoctl.plugins"])
+@pytest.mark.parametrize("module", ["decoctl.importers._registry", "decoctl.plugins"])
 def test_reading_the_model_registry_loads_no_importer(module: str) -> None:
-    assert "decoctl.importers.gemma3" not in loaded_after(f"import {module}")
+    assert "decoctl.importers._gemma3" not in loaded_after(f"import {module}")
 
 
 @pytest.mark.parametrize("package", [decoctl, *SUBPACKAGES], ids=lambda p: p.__name__)

@@ -39,7 +39,7 @@ def test_an_application_that_configures_logging_sees_the_events(
     load_model(genai_model, threads=1)
     loaded = [r for r in caplog.records if r.getMessage().startswith("decoctl.model_loaded ")]
     assert len(loaded) == 1
-    assert loaded[0].name == "decoctl.model.loader"
+    assert loaded[0].name == "decoctl.model._loader"
     assert loaded[0].levelno == logging.DEBUG
     assert "layout=genai" in loaded[0].getMessage()
     assert "threads=1" in loaded[0].getMessage()

@@ -24,8 +24,8 @@ from decoctl import (
 from decoctl.cli import main
 from decoctl.host import Host, Rows
 from decoctl.model import load_model
-from decoctl.model.kv_rows import SharedKVRows
-from decoctl.model.loader import LoadedModel
+from decoctl.model._kv_rows import SharedKVRows
+from decoctl.model._loader import LoadedModel
 from decoctl.plugins import PluginRegistry
 
 PROMPTS = ["def f(x):", "import os", "class A:", "x = 1"]
@@ -44,7 +44,7 @@ def row_bytes(model: LoadedModel, length: int) -> int:
 def memory_for_three_rows(monkeypatch: pytest.MonkeyPatch, model: LoadedModel) -> None:
     """The system has memory for three rows of 256 positions of the test model (what a short generation takes), and
     no more."""
-    monkeypatch.setattr("decoctl.model.kv_rows.available_memory", lambda: 3 * row_bytes(model, 256) + 100)
+    monkeypatch.setattr("decoctl.model._kv_rows.available_memory", lambda: 3 * row_bytes(model, 256) + 100)
 
 
 # -- a batch larger than the memory holds ---------------------------------------------------------------------
@@ -65,7 +65,7 @@ def test_rows_that_fit_in_the_available_memory_are_made(model: LoadedModel) -> N
 def test_rows_are_made_where_the_available_memory_is_unknown(
     monkeypatch: pytest.MonkeyPatch, model: LoadedModel
 ) -> None:
-    monkeypatch.setattr("decoctl.model.kv_rows.available_memory", lambda: None)
+    monkeypatch.setattr("decoctl.model._kv_rows.available_memory", lambda: None)
     assert Rows("target", model, capacity=8, max_length=64).capacity == 8
 
 

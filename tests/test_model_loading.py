@@ -14,7 +14,7 @@ from tokenizers import Tokenizer as HfTokenizer
 
 from decoctl import ConfigError, ModelLoadError
 from decoctl.model import load_model
-from decoctl.model.loader import default_threads
+from decoctl.model._loader import default_threads
 from decoctl.testing import build_genai_model
 
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from decoctl.host import Output, StopRules
-from decoctl.model.tokenizer import Tokenizer
+from decoctl.model._tokenizer import Tokenizer
 from decoctl.testing import build_tokenizer
 
 _TOKENIZER: Tokenizer | None = None

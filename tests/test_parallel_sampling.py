@@ -19,12 +19,12 @@ from decoctl.cli import main
 from decoctl.controllers import sample_from_logits
 from decoctl.host import Sequence
 from decoctl.model import load_model
-from decoctl.model.batch_step import BatchStep
-from decoctl.model.runner import Runner
+from decoctl.model._batch_step import BatchStep
+from decoctl.model._runner import Runner
 from decoctl.plugins import PluginRegistry, hookimpl
 from decoctl.specs import ProcessorSpec
 from decoctl.testing import EOS_TOKEN_ID, reference_logits
-from decoctl.testing.distributions import (
+from decoctl.testing._distributions import (
     NO_SECOND,
     PenaliseSeenPlugin,
     chi_square_p,

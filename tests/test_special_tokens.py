@@ -12,8 +12,8 @@ from tokenizers import Tokenizer as HfTokenizer
 from tokenizers import processors
 
 from decoctl import ModelLoadError
-from decoctl.model.spec import ModelSpec, non_attention_state
-from decoctl.model.tokenizer import Tokenizer
+from decoctl.model._spec import ModelSpec, non_attention_state
+from decoctl.model._tokenizer import Tokenizer
 from decoctl.testing import BOS_TOKEN_ID, EOS_TOKEN_ID, SPECIAL_TOKENS, build_genai_model, build_optimum_model
 
 PROMPT = "def fib(n):"

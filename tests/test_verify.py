@@ -20,7 +20,7 @@ from decoctl import ControllerError, Generator, ProcessContext, ProcessorChain, 
 from decoctl.host import Host, Output, Sequence, StopRules
 from decoctl.model import load_model
 from decoctl.testing import build_genai_model
-from decoctl.testing.distributions import chi_square_p
+from decoctl.testing._distributions import chi_square_p
 from decoctl.verify import (
     DraftTree,
     LookupIndex,

@@ -28,7 +28,7 @@ import numpy as np
 from decoctl.generation import Generator
 from decoctl.host import Sequence
 from decoctl.model import load_model
-from decoctl.model.runner import binding_calls
+from decoctl.model._runner import binding_calls
 
 PROMPT = "def fibonacci(n):\n"
 
@@ -197,7 +197,7 @@ def heads(target: str, head: str, rounds: int) -> None:
     import onnx
     from onnx import numpy_helper
 
-    from decoctl.testing.eagle import DRAFT_IDS, HEAD_WEIGHTS, write_eagle_head
+    from decoctl.testing._eagle import DRAFT_IDS, HEAD_WEIGHTS, write_eagle_head
 
     stored = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(Path(head) / "model.onnx")).graph.initializer}
     base = {name: stored["model." + name] for name in HEAD_WEIGHTS}
@@ -250,7 +250,7 @@ def outside_run(model: str, prompts_file: str, rounds: int) -> None:
     """Greedy and the drafting strategies with their defaults on ``model`` (its bundled draft and head roles),
     96 new tokens a prompt after a warm-up pass: the microseconds a committed token spends outside onnxruntime's
     Run (host, controller, Python), the Runs a token and the Run milliseconds a token."""
-    from decoctl.model import runner as runner_module
+    from decoctl.model import _runner as runner_module
 
     spent = [0.0, 0]
     run = runner_module.Runner.run

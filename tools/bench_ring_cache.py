@@ -17,8 +17,8 @@ from pathlib import Path
 
 import decoctl
 from decoctl.model import load_model
-from decoctl.model.runner import Runner
-from decoctl.model.tokenizer import Tokenizer
+from decoctl.model._runner import Runner
+from decoctl.model._tokenizer import Tokenizer
 from decoctl.plugins import PluginRegistry, resolve_model
 
 

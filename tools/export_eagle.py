@@ -8,7 +8,7 @@ output): the head copies its tokenizer files, special token ids and context leng
 vocabulary must match. The torch target the head was trained on (state.json's "target", or --target) gives the
 shared weights: embedding, final norm and lm_head.
 
-The graph is not traced: decoctl.testing.eagle builds it with onnx.helper from the weights (the same code that
+The graph is not traced: decoctl.testing._eagle builds it with onnx.helper from the weights (the same code that
 builds the tests' random EAGLE-1 heads, whose decoder layer is this head's: with an input norm, and the target's
 final norm) and decoctl.model.eagle_graph.save_head writes the folder, as it does every head's: GroupQueryAttention
 over a shared past/present KV buffer, the extra input target_hidden_states, outputs logits and hidden_states (the
@@ -46,7 +46,7 @@ TOLERANCE = 1e-3
 
 
 def head_weights(head, target) -> dict[str, np.ndarray]:
-    """The weights decoctl.testing.eagle.write_eagle_head takes, float32, projections laid out [in, out]."""
+    """The weights decoctl.testing._eagle.write_eagle_head takes, float32, projections laid out [in, out]."""
 
     def array(tensor) -> np.ndarray:
         return tensor.detach().to("cpu").float().numpy().copy()
@@ -139,8 +139,8 @@ def main() -> None:
         import torch  # noqa: F401
     except ImportError:
         raise SystemExit("export_eagle.py needs torch beside decoctl: pip install torch==2.13.0 transformers") from None
-    from decoctl.testing.eagle import write_eagle_head
-    from decoctl.testing.models import RMS_EPS, ROPE_THETA
+    from decoctl.testing._eagle import write_eagle_head
+    from decoctl.testing._models import RMS_EPS, ROPE_THETA
 
     common.set_threads(args.threads)
     head, config, state, folder = train_eagle.load_head(args.head)

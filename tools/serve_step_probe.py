@@ -24,7 +24,8 @@ from typing import Any
 
 
 def serve(log_path: Path, one_forward_chunks: bool, serve_args: list[str]) -> None:
-    from decoctl.serve import engine, join_rule
+    from decoctl.serve import _engine as engine
+    from decoctl.serve import _join_rule as join_rule
 
     steps: list[dict[str, Any]] = []
     chunks: list[float] = []

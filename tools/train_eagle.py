@@ -4,7 +4,7 @@
     .venv-tools/bin/python tools/train_eagle.py --export-weights     # latest head -> tools/checkpoints/eagle (fp16)
     .venv/bin/python tools/export_eagle.py eagle --target-onnx build/export/pycode --out build/export/pycode-eagle
 
-The head (Li et al., EAGLE, ICML 2024), as decoctl.testing.eagle builds it in ONNX: at position i it takes the
+The head (Li et al., EAGLE, ICML 2024), as decoctl.testing._eagle builds it in ONNX: at position i it takes the
 target's feature f_i (the final RMSNorm's output, which is the lm_head's input and the ONNX target's hidden_states
 output) and the embedding of the token after it, x = fc(concat(embed(x_{i+1}), f_i)); one Llama decoder layer (the
 target's sizes) gives h; the predicted next feature is the target's final norm of h, and the draft logits are the
@@ -20,7 +20,7 @@ A lean head for a shallow target (the demo target has 6 layers, so a head with t
 whole lm_head costs ~20% of a target step on a CPU): --head-intermediate narrows the head's MLP, and --draft-vocab N
 lets it draft only the N most frequent training tokens (EAGLE-3's draft vocabulary): its logits are the target
 lm_head's N columns, the cross-entropy uses the target's distribution renormalised over those N, and the ONNX head
-scatters them into -inf rows of the full vocabulary (decoctl.testing.eagle).
+scatters them into -inf rows of the full vocabulary (decoctl.testing._eagle).
 
 Resumable like tools/train.py, with the same options (batches, schedule, --max-seconds, --ckpt-seconds, SIGTERM):
 build/train/<name>/ (default name "eagle") holds model.safetensors (the head only), head_config.json and

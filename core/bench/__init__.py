@@ -43,8 +43,8 @@ from decoctl.bench._runs import run_in_processes
 from decoctl.bench._transformers import TRANSFORMERS_CONTENDERS, TransformersContender
 from decoctl.errors import ConfigError
 from decoctl.generation import Generator, read_prompt_records
-from decoctl.model import huge_pages as huge_pages_module
-from decoctl.model.loader import default_threads
+from decoctl.model import _huge_pages as huge_pages_module
+from decoctl.model._loader import default_threads
 from decoctl.plugins import PluginRegistry, resolve_model
 from decoctl.specs import normalise_name, parse_options
 

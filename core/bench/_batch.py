@@ -44,10 +44,10 @@ from decoctl.errors import CapabilityError, ConfigError
 from decoctl.generation import Generator
 from decoctl.host import ONE_RUN_PER_ROW, Rows
 from decoctl.logs import get_logger
-from decoctl.model import huge_pages
-from decoctl.model.kv_cache import kv_dtype
-from decoctl.model.loader import LoadedModel, default_threads
-from decoctl.model.tokenizer import Tokenizer
+from decoctl.model import _huge_pages as huge_pages
+from decoctl.model._kv_cache import kv_dtype
+from decoctl.model._loader import LoadedModel, default_threads
+from decoctl.model._tokenizer import Tokenizer
 from decoctl.plugins import PluginRegistry
 
 __all__ = [

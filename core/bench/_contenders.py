@@ -33,9 +33,9 @@ import onnxruntime as ort
 from decoctl.bench._ideal import ForwardLedger, ledger_from_stats, spread
 from decoctl.errors import ConfigError
 from decoctl.generation import Generator
+from decoctl.model._loader import LoadedModel, session_options
+from decoctl.model._spec import ModelSpec
 from decoctl.model.graph import plain_twin
-from decoctl.model.loader import LoadedModel, session_options
-from decoctl.model.spec import ModelSpec
 from decoctl.specs import Option, parse_options
 
 __all__ = [

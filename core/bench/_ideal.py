@@ -44,7 +44,7 @@ import attrs
 from decoctl.errors import CapabilityError, ConfigError
 from decoctl.host import ForwardSizes
 from decoctl.host import Sequence as RoleSequence
-from decoctl.model.loader import LoadedModel
+from decoctl.model._loader import LoadedModel
 
 __all__ = [
     "CostCalibrator",

@@ -34,7 +34,7 @@ from typing import Any
 from decoctl.bench._contenders import Outcome
 from decoctl.bench._ideal import ForwardLedger
 from decoctl.errors import ConfigError
-from decoctl.model.loader import LoadedModel
+from decoctl.model._loader import LoadedModel
 from decoctl.specs import Option, parse_options
 
 __all__ = ["TRANSFORMERS_CONTENDERS", "TransformersContender"]

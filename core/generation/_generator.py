@@ -31,11 +31,11 @@ from decoctl.generation._batch import BatchPrompt, BatchSlot, one_at_a_time, run
 from decoctl.generation._chat_template import ChatPrompt, ChatTemplate, encode_prompt
 from decoctl.generation._results import GenerationResult, GenerationStats
 from decoctl.host import TREE_TRANSFORM_HINT, ForwardSizes, Host, Output, Rows, Sequence, StopRules, role_flag
-from decoctl.importers.registry import role_defaults
+from decoctl.importers._registry import role_defaults
 from decoctl.logs import get_logger
-from decoctl.model.capabilities import FEATURES
-from decoctl.model.loader import LoadedModel, load_model
-from decoctl.model.vision import ImageFeatures, no_images
+from decoctl.model._capabilities import FEATURES
+from decoctl.model._loader import LoadedModel, load_model
+from decoctl.model._vision import ImageFeatures, no_images
 from decoctl.plugins import (
     PluginRegistry,
     Processors,

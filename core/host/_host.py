@@ -23,13 +23,13 @@ import numpy as np
 
 from decoctl.errors import CapabilityError, ConfigError, SequenceError
 from decoctl.host._output import Output
-from decoctl.model.capabilities import FEATURES
-from decoctl.model.decoder_runner import DecoderRunner
-from decoctl.model.kv_cache import KVCache
-from decoctl.model.loader import LoadedModel
-from decoctl.model.runner import Runner, RunOutputs
-from decoctl.model.tree import Tree
-from decoctl.model.vision import ImageFeatures, no_images
+from decoctl.model._capabilities import FEATURES
+from decoctl.model._decoder_runner import DecoderRunner
+from decoctl.model._kv_cache import KVCache
+from decoctl.model._loader import LoadedModel
+from decoctl.model._runner import Runner, RunOutputs
+from decoctl.model._tree import Tree
+from decoctl.model._vision import ImageFeatures, no_images
 from decoctl.processing import ProcessContext, ProcessorChain
 
 if TYPE_CHECKING:  # decoctl.host builds on Sequence: imported for annotations only
@@ -552,7 +552,7 @@ class Sequence:
         self._invalidate()
 
     def attach_images(self, images: ImageFeatures | None) -> None:
-        """The features of the images this role's prompt holds, in order (decoctl.model.vision): the prompt's
+        """The features of the images this role's prompt holds, in order (decoctl.model._vision): the prompt's
         image tokens take them as the prefill feeds them. Before the prefill; None: no images."""
         if images is not None and self.model.vision is None:
             raise no_images(self.model.name)

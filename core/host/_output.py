@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 import attrs
 import numpy as np
 
-from decoctl.model.tokenizer import IncrementalDetokenizer
+from decoctl.model._tokenizer import IncrementalDetokenizer
 
 __all__ = ["Output", "StopRules"]
 

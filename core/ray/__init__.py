@@ -1,10 +1,12 @@
 """decoctl.ray: past one machine, on Ray (the ray extra: pip install 'decoctl[ray]').
 
-batch.py     generate_dataset: a Ray Data dataset's prompts on a pool of actors, each a Generator batching its rows
-command.py   ``decoctl generate --prompts FILE --ray-actors N``
-serve.py     ``decoctl serve --ray-replicas N``: the server's engine and app as Ray Serve replicas behind one endpoint;
-             application() and build_app (for ``serve run decoctl.ray.serve:build_app``)
-cluster.py   Ray imported only when asked for, a cluster joined or started, its CPUs counted before anything loads
+``generate_dataset`` runs a Ray Data dataset's prompts on a pool of actors, each a Generator batching its rows
+(``prompt_dataset`` makes one from a prompts file); ``application`` and ``build_app`` put the server's engine and app
+as Ray Serve replicas behind one endpoint (``serve run decoctl.ray:build_app``).
+
+Private modules: ``_batch`` (the actors), ``_serve`` (the replicas), ``_command`` (``decoctl generate --prompts FILE
+--ray-actors N`` and ``decoctl serve --ray-replicas N``), ``_cluster`` (Ray imported only when asked for, a cluster
+joined or started, its CPUs counted before anything loads).
 
 Names load on first use (PEP 562), and none imports Ray until it runs: importing this package loads neither Ray nor
 a model.
@@ -16,14 +18,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from decoctl.ray.batch import generate_dataset, prompt_dataset
-    from decoctl.ray.serve import application, build_app
+    from decoctl.ray._batch import generate_dataset, prompt_dataset
+    from decoctl.ray._serve import application, build_app
 
 _EXPORTS = {
-    "generate_dataset": "decoctl.ray.batch",
-    "prompt_dataset": "decoctl.ray.batch",
-    "application": "decoctl.ray.serve",
-    "build_app": "decoctl.ray.serve",
+    "generate_dataset": "decoctl.ray._batch",
+    "prompt_dataset": "decoctl.ray._batch",
+    "application": "decoctl.ray._serve",
+    "build_app": "decoctl.ray._serve",
 }
 
 __all__ = ["application", "build_app", "generate_dataset", "prompt_dataset"]

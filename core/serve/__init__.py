@@ -1,38 +1,68 @@
 """decoctl.serve: the OpenAI-compatible server (``decoctl serve``) and the engine under it.
 
-engine.py     Engine: one thread owns the models; every live completion is a row of the target's KV buffer
-protocol.py   OpenAI's request shapes, validated at the edge; its error shape
-translate.py  OpenAI's sampling fields as a controller, options and a logits chain
-app.py        the Starlette app: endpoints, server-sent events, API key, errors
-metrics.py    the Prometheus metrics (a registry of the app's own)
-command.py    ``decoctl serve`` and ``decoctl chat``
-page/         the chat page served at ``/``
+``create_app`` builds the Starlette app over an ``Engine``: one thread owns the models, and every live completion is
+a row of the target's KV buffer. A request is queued as an ``EngineRequest`` and read through its ``Handle`` as
+``Delta`` events until ``Finished`` (or ``Failed``).
+
+Private modules: ``_engine`` (the engine), ``_protocol`` (OpenAI's request shapes, validated at the edge; its error
+shape), ``_translate`` (OpenAI's sampling fields as a controller, options and a logits chain), ``_app`` (the app:
+endpoints, server-sent events, API key, errors), ``_metrics`` (the Prometheus metrics, a registry of the app's own),
+``_join_rule`` (the engine's cost rule), ``_command`` (``decoctl serve`` and ``decoctl chat``), ``_bench``
+(``decoctl bench-serve``); ``page/``: the chat page served at ``/``.
 
 Names load on first use (PEP 562): importing this package loads neither Starlette nor the engine.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from decoctl._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from decoctl.serve.app import create_app
-    from decoctl.serve.engine import Engine, EngineRequest
+    from decoctl.serve._app import create_app
+    from decoctl.serve._engine import (
+        Delta,
+        Engine,
+        EngineClosedError,
+        EngineRequest,
+        Failed,
+        Finished,
+        Handle,
+        QueueFullError,
+        TokenLogprob,
+    )
 
+# public name -> the module that defines it
 _EXPORTS = {
-    "create_app": "decoctl.serve.app",
-    "Engine": "decoctl.serve.engine",
-    "EngineRequest": "decoctl.serve.engine",
+    "create_app": "decoctl.serve._app",
+    **dict.fromkeys(
+        (
+            "Delta",
+            "Engine",
+            "EngineClosedError",
+            "EngineRequest",
+            "Failed",
+            "Finished",
+            "Handle",
+            "QueueFullError",
+            "TokenLogprob",
+        ),
+        "decoctl.serve._engine",
+    ),
 }
 
-__all__ = ["Engine", "EngineRequest", "create_app"]
+__all__ = [
+    "Delta",
+    "Engine",
+    "EngineClosedError",
+    "EngineRequest",
+    "Failed",
+    "Finished",
+    "Handle",
+    "QueueFullError",
+    "TokenLogprob",
+    "create_app",
+]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'decoctl.serve' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

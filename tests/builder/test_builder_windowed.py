@@ -14,8 +14,8 @@ from builder_models import PROMPT, WINDOW, Export, greedy_continuation
 from decoctl import Generator
 from decoctl.host import Sequence
 from decoctl.model import load_model
+from decoctl.model._runner import dry_forward
 from decoctl.model.graph import enable_tree
-from decoctl.model.runner import dry_forward
 from decoctl.plugins import PluginRegistry
 
 ATOL = 1e-4

@@ -17,8 +17,8 @@ from .conftest import MODEL, run_cli
 
 def test_importing_decoctl_ray_imports_neither_ray_nor_a_model() -> None:
     code = (
-        "import sys, decoctl, decoctl.ray, decoctl.ray.batch, decoctl.ray.command, decoctl.ray.cluster; "
-        "import decoctl.ray.serve; "
+        "import sys, decoctl, decoctl.ray, decoctl.ray._batch, decoctl.ray._command, decoctl.ray._cluster; "
+        "import decoctl.ray._serve; "
         "decoctl.ray.generate_dataset; "
         "print(sorted(m for m in ('ray', 'pyarrow', 'onnxruntime') if m in sys.modules))"
     )

@@ -1,4 +1,4 @@
-"""decoctl serve on Ray Serve replicas (decoctl.ray.serve): one endpoint, several replicas each running the engine
+"""decoctl serve on Ray Serve replicas (decoctl.ray._serve): one endpoint, several replicas each running the engine
 ``decoctl serve`` runs, every greedy answer the offline one; what is refused before anything loads."""
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def test_a_killed_replica_is_replaced_and_the_endpoint_answers_throughout(
 
 def test_build_app_takes_serve_run_arguments_as_strings() -> None:
     pytest.importorskip("ray")
-    from decoctl.ray.serve import build_app
+    from decoctl.ray._serve import build_app
 
     app = build_app({"model": MODEL, "replicas": "2", "threads": "1", "max_rows": "4", "huge_pages": "false"})
     deployment = app._bound_deployment  # what `serve run` deploys
@@ -184,7 +184,7 @@ def test_build_app_takes_serve_run_arguments_as_strings() -> None:
 
 def test_build_app_passes_an_autoscaling_config_through_instead_of_a_replica_count() -> None:
     pytest.importorskip("ray")
-    from decoctl.ray.serve import build_app
+    from decoctl.ray._serve import build_app
 
     autoscaling = '{"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 6}'
     deployment = build_app({"model": MODEL, "autoscaling": autoscaling, "max_rows": "8"})._bound_deployment
@@ -204,7 +204,7 @@ def test_build_app_passes_an_autoscaling_config_through_instead_of_a_replica_cou
 def test_build_app_refuses_what_it_does_not_take(args: dict[str, Any], message: str) -> None:
     pytest.importorskip("ray")
     from decoctl.errors import ConfigError
-    from decoctl.ray.serve import build_app
+    from decoctl.ray._serve import build_app
 
     with pytest.raises(ConfigError, match=message):
         build_app(args)

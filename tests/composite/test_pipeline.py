@@ -13,7 +13,7 @@ from vlm_models import Llava
 
 from decoctl import ModelLoadError
 from decoctl.model import load_model
-from decoctl.model.pipeline import decoder_only, encoder_decoder
+from decoctl.model._pipeline import decoder_only, encoder_decoder
 
 GOOD: dict[str, Any] = {
     "sessions": {

@@ -13,7 +13,7 @@ tests export in the main environment themselves, writing Optimum's file names an
   writes it.
 
 The folder also holds config.json and generation_config.json (transformers' save_pretrained), the tests' byte-level
-tokenizer (decoctl.testing.tokenizer: BOS 0, EOS 1, PAD 2) and tokenizer_config.json. Attention is exported eager,
+tokenizer (decoctl.testing._tokenizer: BOS 0, EOS 1, PAD 2) and tokenizer_config.json. Attention is exported eager,
 so that the graphs take any source and decoder length (sdpa's causal shortcut would trace the export's length in).
 """
 
@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from decoctl.testing.tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, build_tokenizer, write_tokenizer_config
+from decoctl.testing._tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, build_tokenizer, write_tokenizer_config
 
 VOCAB = 384
 #: the models share the tokenizer; their decoders start as the originals do: T5 and Marian from PAD, BART from EOS

@@ -13,8 +13,8 @@ from decoctl_speculative import plugin as speculative_plugin
 
 from decoctl import Generator
 from decoctl.host import Sequence
-from decoctl.model.decoder_runner import DecoderRunner
-from decoctl.model.loader import load_model
+from decoctl.model._decoder_runner import DecoderRunner
+from decoctl.model._loader import load_model
 from decoctl.plugins import PluginRegistry
 
 PROMPTS = ("def fibonacci(n):", "class Stack:\n    def push(self, item):", "for x in range(10):")

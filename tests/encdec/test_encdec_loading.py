@@ -12,8 +12,8 @@ import pytest
 
 from decoctl.cli import main
 from decoctl.errors import ModelLoadError
-from decoctl.model.loader import load_model
-from decoctl.model.spec import ModelSpec, detect_layout
+from decoctl.model._loader import load_model
+from decoctl.model._spec import ModelSpec, detect_layout
 
 
 def _copy(folder: Path, tmp_path: Path, *, drop: tuple[str, ...] = ()) -> Path:

@@ -10,8 +10,8 @@ import pytest
 
 from decoctl import Generator
 from decoctl.host import Sequence
-from decoctl.model.loader import load_model
-from decoctl.testing.distributions import NO_SECOND, chi_square_p, sample_two_tokens, softmax
+from decoctl.model._loader import load_model
+from decoctl.testing._distributions import NO_SECOND, chi_square_p, sample_two_tokens, softmax
 
 PROMPTS = ("def fibonacci(n):", "class Stack:\n    def push(self, item):", "return result", "for x in range(10):")
 NEW = 24

@@ -14,7 +14,7 @@ import pytest
 
 from decoctl import Generator
 from decoctl.host import ONE_RUN_PER_ROW, Rows, Sequence
-from decoctl.model.loader import LoadedModel, load_model
+from decoctl.model._loader import LoadedModel, load_model
 
 PROMPTS = ("def fibonacci(n):", "class Stack:\n    def push(self, item):", "return result", "for x in range(10):")
 NEW = 12

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from decoctl import Generator, ModelLoadError
-from decoctl.model.loader import load_model
+from decoctl.model._loader import load_model
 
 
 def _why_not() -> str | None:
@@ -123,8 +123,8 @@ def test_a_rewind_to_zero_on_optimum_s_export_reuses_the_cross_kv(
     import numpy as np
 
     from decoctl.host import Sequence
-    from decoctl.model.decoder_runner import DecoderRunner
-    from decoctl.model.loader import load_model
+    from decoctl.model._decoder_runner import DecoderRunner
+    from decoctl.model._loader import load_model
 
     model = load_model(optimum_folder(name, post_process), threads=1)
     start = model.encoder.parts.decoder_start_token_id if model.encoder else 0
@@ -174,7 +174,7 @@ def marian_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
     import transformers
     from optimum.exporters.onnx import main_export
 
-    from decoctl.testing.tokenizer import TRAINING_TEXT
+    from decoctl.testing._tokenizer import TRAINING_TEXT
 
     root = tmp_path_factory.mktemp("marian")
     (root / "train.txt").write_text(TRAINING_TEXT + "\n".join(TEXTS[:5]) + "\n", encoding="utf-8")

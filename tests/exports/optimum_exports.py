@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from graph_edits import narrow_interface
 
-from decoctl.testing.tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, build_tokenizer, write_tokenizer_config
+from decoctl.testing._tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, build_tokenizer, write_tokenizer_config
 
 
 def _why_not() -> str | None:

@@ -21,10 +21,10 @@ from decoctl.errors import ModelLoadError
 from decoctl.generation import Generator
 from decoctl.host import Sequence
 from decoctl.model import load_model
-from decoctl.model.spec import ALIBI_CONTEXT_LENGTH, optimum_graph_file
+from decoctl.model._spec import ALIBI_CONTEXT_LENGTH, optimum_graph_file
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import build_genai_model, build_optimum_model, reference_logits
-from decoctl.testing.tokenizer import build_tokenizer
+from decoctl.testing._tokenizer import build_tokenizer
 
 PROMPT = "def fib(n):"
 #: the Llama-style graph every config below describes: 2 layers, hidden 64, 4 heads of 16, 2 KV heads

@@ -162,14 +162,14 @@ def test_weights_load_into_the_heap_while_a_session_loads() -> None:
     import subprocess
     import sys
 
-    from decoctl.model import huge_pages
+    from decoctl.model import _huge_pages as huge_pages
 
     if not sys.platform.startswith("linux") or not hasattr(ctypes.CDLL(None), "mallopt") or not huge_pages.enabled():
         pytest.skip("glibc on Linux with huge pages on")
     script = """
 import numpy as np
 from pathlib import Path
-from decoctl.model import huge_pages
+from decoctl.model import _huge_pages as huge_pages
 
 def in_heap(array):
     address = array.ctypes.data

@@ -20,8 +20,8 @@ from decoctl import CapabilityError, Generator, SequenceError
 from decoctl.errors import ModelLoadError
 from decoctl.host import Rows, Sequence
 from decoctl.model import load_model
-from decoctl.model.kv_cache import describe_layers
-from decoctl.model.ring_cache import resident_count
+from decoctl.model._kv_cache import describe_layers
+from decoctl.model._ring_cache import resident_count
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import build_eagle_head, build_genai_model, reference_logits
 

@@ -11,8 +11,8 @@ import pytest
 from decoctl import ConfigError, SequenceError
 from decoctl.host import ONE_RUN_PER_ROW, Rows
 from decoctl.model import load_model
-from decoctl.model.kv_cache import ConcatKVCache
-from decoctl.model.loader import LoadedModel
+from decoctl.model._kv_cache import ConcatKVCache
+from decoctl.model._loader import LoadedModel
 from decoctl.testing import reference_logits
 
 ATOL = 1e-4
@@ -124,7 +124,7 @@ def test_rows_beyond_the_available_memory_are_refused_naming_how_many_fit(
     monkeypatch: pytest.MonkeyPatch, model: LoadedModel
 ) -> None:
     row = ConcatKVCache.row_bytes(model.spec, np.dtype(np.float32), 256)
-    monkeypatch.setattr("decoctl.model.kv_rows.available_memory", lambda: 3 * row + 100)
+    monkeypatch.setattr("decoctl.model._kv_rows.available_memory", lambda: 3 * row + 100)
     with pytest.raises(ConfigError, match=r"needs 8 rows of 256 positions.*use at most 3 rows"):
         Rows("target", model, capacity=8, max_length=256)
     assert Rows("target", model, capacity=3, max_length=256).capacity == 3

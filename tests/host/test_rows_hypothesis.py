@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from decoctl.host import Rows
 from decoctl.model import load_model
-from decoctl.model.loader import LoadedModel
+from decoctl.model._loader import LoadedModel
 from decoctl.testing import build_genai_model, build_optimum_model, reference_logits
 
 ATOL = 1e-4

@@ -11,9 +11,9 @@ import onnxruntime as ort
 import pytest
 
 from decoctl.host import Sequence
+from decoctl.model import _runner as runner_module
 from decoctl.model import load_model
-from decoctl.model import runner as runner_module
-from decoctl.model.runner import PUBLIC_ORT_ENV, binding_calls, private_ort_supported
+from decoctl.model._runner import PUBLIC_ORT_ENV, binding_calls, private_ort_supported
 
 
 def _decode(folder: Path) -> tuple[Sequence, list[np.ndarray]]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from decoctl.errors import ModelLoadError
-from decoctl.importers.gemma3 import assemble_gguf, read_gguf
+from decoctl.importers._gemma3 import assemble_gguf, read_gguf
 
 gguf = pytest.importorskip("gguf")
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from decoctl.errors import ModelLoadError
-from decoctl.importers.gemma3 import builder_config, tokenizer_config_with_bos
+from decoctl.importers._gemma3 import builder_config, tokenizer_config_with_bos
 from decoctl.model import load_model
-from decoctl.testing.tokenizer import BOS_TOKEN
+from decoctl.testing._tokenizer import BOS_TOKEN
 
 NESTED = {
     "architectures": ["Gemma3ForCausalLM"],

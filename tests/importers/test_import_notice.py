@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from decoctl.errors import ModelLoadError
-from decoctl.importers.gemma3 import TERMS_URL, write_notice
+from decoctl.importers._gemma3 import TERMS_URL, write_notice
 
 
 @pytest.fixture

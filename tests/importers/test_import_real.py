@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from decoctl.generation import Generator
-from decoctl.importers.gemma3 import import_gemma3
+from decoctl.importers._gemma3 import import_gemma3
 from decoctl.plugins import PluginRegistry
 
 pytestmark = pytest.mark.import_extra

@@ -9,7 +9,7 @@ import pytest
 
 from decoctl.cli import main
 from decoctl.errors import ModelLoadError
-from decoctl.importers.registry import (
+from decoctl.importers._registry import (
     RegisteredModel,
     data_dir,
     find_registered,

@@ -10,11 +10,11 @@ import pytest
 
 from decoctl.cli import main
 from decoctl.errors import ConfigError
-from decoctl.importers import gemma3
-from decoctl.importers.gemma3 import REQUIREMENTS, import_gemma3
-from decoctl.importers.progress import Steps
-from decoctl.importers.registry import RegisteredModel, register
-from decoctl.importers.requirements import Requirement, check_requirements
+from decoctl.importers import _gemma3 as gemma3
+from decoctl.importers._gemma3 import REQUIREMENTS, import_gemma3
+from decoctl.importers._progress import Steps
+from decoctl.importers._registry import RegisteredModel, register
+from decoctl.importers._requirements import Requirement, check_requirements
 
 INSTALLED = {
     "torch": "2.13.0+cpu",

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from decoctl.errors import ModelLoadError
-from decoctl.importers.gemma3 import TOLERANCE
-from decoctl.importers.verify import compare_logits, require_all
+from decoctl.importers._gemma3 import TOLERANCE
+from decoctl.importers._verify import compare_logits, require_all
 
 REFERENCE = np.array([1.0, 5.0, -3.0, 2.0], np.float32)
 

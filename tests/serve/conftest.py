@@ -74,8 +74,8 @@ def start_server(app: object, config: object | None = None) -> tuple[str, thread
 @pytest.fixture(scope="module")
 def live(tiny_model: Path) -> Iterator[Live]:
     from decoctl.generation import ChatTemplate
-    from decoctl.serve.app import create_app
-    from decoctl.serve.engine import Engine
+    from decoctl.serve._app import create_app
+    from decoctl.serve._engine import Engine
 
     registry = plugin_registry()
     engine = Engine({"target": load_model(tiny_model, name=MODEL)}, registry=registry, max_rows=4, max_queue=256)

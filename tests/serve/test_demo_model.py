@@ -29,9 +29,9 @@ CONTROLLERS = [
 
 def test_drafting_controllers_on_the_demo_model_answer_with_greedys_text() -> None:
     from decoctl.plugins import PluginRegistry
-    from decoctl.serve.app import create_app
-    from decoctl.serve.command import load_roles
-    from decoctl.serve.engine import Engine
+    from decoctl.serve._app import create_app
+    from decoctl.serve._command import load_roles
+    from decoctl.serve._engine import Engine
 
     registry = PluginRegistry()  # the installed plugins, the demo bundle among them
     arguments = argparse.Namespace(model="pycode", draft=None, role=[], threads=1, no_huge_pages=True)

@@ -12,10 +12,10 @@ import pytest
 
 from decoctl import ControllerSpec, Generator, hookimpl, load_model
 from decoctl.generation import ChatPrompt
-from decoctl.serve.engine import Delta, Engine, EngineClosedError, EngineRequest, Failed, Finished
-from decoctl.serve.join_rule import JoinRule
+from decoctl.serve._engine import Delta, Engine, EngineClosedError, EngineRequest, Failed, Finished
+from decoctl.serve._join_rule import JoinRule
 from decoctl.testing import build_genai_model
-from decoctl.testing.join_rules import Alternating
+from decoctl.testing._join_rules import Alternating
 
 from .conftest import plugin_registry
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decoctl.serve.join_rule import JOIN_GAIN, MIN_CHUNK, MIN_STEPS, PREFILL_SHARE, SWITCH_GAIN, JoinRule
+from decoctl.serve._join_rule import JOIN_GAIN, MIN_CHUNK, MIN_STEPS, PREFILL_SHARE, SWITCH_GAIN, JoinRule
 
 
 def chunk(rule: JoinRule, span: int, remaining: int, capacity: int | None = None) -> int:

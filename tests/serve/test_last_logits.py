@@ -10,9 +10,9 @@ import onnx
 from onnx import TensorProto, helper
 
 from decoctl.host import Sequence
+from decoctl.model._loader import load_model
+from decoctl.model._runner import Runner
 from decoctl.model.graph import _logit_rows as logit_rows
-from decoctl.model.loader import load_model
-from decoctl.model.runner import Runner
 
 PROMPT = np.array([5, 17, 3, 99, 42, 7, 11], np.int64)
 

@@ -148,8 +148,8 @@ def stalled(tiny_model: Path) -> Iterator[tuple[str, Any]]:
     """A server whose engine never starts (lifespan off), so its queue of one is full after one request."""
     import uvicorn
 
-    from decoctl.serve.app import create_app
-    from decoctl.serve.engine import Engine
+    from decoctl.serve._app import create_app
+    from decoctl.serve._engine import Engine
 
     engine = Engine({"target": load_model(tiny_model, name=MODEL)}, registry=plugin_registry(), max_rows=1, max_queue=1)
     app = create_app(engine, model_name=MODEL, api_key=API_KEY)
@@ -160,7 +160,7 @@ def stalled(tiny_model: Path) -> Iterator[tuple[str, Any]]:
 
 
 def test_a_full_queue_is_a_429_with_retry_after(stalled: tuple[str, Any]) -> None:
-    from decoctl.serve.engine import EngineRequest
+    from decoctl.serve._engine import EngineRequest
 
     url, engine = stalled
     engine.submit(EngineRequest(ids=(5, 6), max_new_tokens=1), lambda event: None)
@@ -176,7 +176,7 @@ def test_logprobs_from_a_drafting_controller_are_refused_by_name(live: Live) -> 
 
 
 def test_a_body_over_the_limit_is_a_413(live: Live) -> None:
-    from decoctl.serve.app import MAX_BODY_BYTES
+    from decoctl.serve._app import MAX_BODY_BYTES
 
     status, message = refused(live, completion(prompt="x" * (MAX_BODY_BYTES + 1)))
     assert status == 413 and "MiB" in message

@@ -11,8 +11,8 @@ from .conftest import API_KEY, MODEL, openai, plugin_registry, start_server
 
 def test_shutdown_lets_a_stream_under_way_finish(tiny_model: Path) -> None:
     from decoctl.generation import ChatTemplate
-    from decoctl.serve.app import create_app
-    from decoctl.serve.engine import Engine
+    from decoctl.serve._app import create_app
+    from decoctl.serve._engine import Engine
 
     engine = Engine({"target": load_model(tiny_model, name=MODEL)}, registry=plugin_registry(), max_rows=2)
     app = create_app(engine, model_name=MODEL, chat_template=ChatTemplate.from_folder(tiny_model), api_key=API_KEY)

@@ -39,8 +39,8 @@ def vision_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VisionLive
     from PIL import Image
 
     from decoctl.generation import ChatTemplate
-    from decoctl.serve.app import create_app
-    from decoctl.serve.engine import Engine
+    from decoctl.serve._app import create_app
+    from decoctl.serve._engine import Engine
 
     if vlm.missing():
         pytest.skip(f"the vision-language export needs {', '.join(vlm.missing())}")

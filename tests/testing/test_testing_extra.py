@@ -14,7 +14,7 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_importing_decoctl_testing_without_onnx_names_the_extra() -> None:
-    done = _run("import decoctl.testing.models")
+    done = _run("import decoctl.testing._models")
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: decoctl.testing builds its models with the onnx package")

@@ -8,7 +8,7 @@ from hypothesis import given
 from tree_strategies import ancestors, parent_arrays
 
 from decoctl import SequenceError
-from decoctl.model.tree import Tree
+from decoctl.model._tree import Tree
 
 NEG = -np.inf
 

@@ -15,7 +15,7 @@ counted in positions: the query at position p sees the key at position q iff p -
 that is the kernel's mask exactly; for a tree it is the plain forward of each token's path, for any prefix
 length. Layers without a window keep reading ``attention_bias``.
 
-A node that keeps a ring cache (``sliding_window_cache=1``, decoctl.model.ring_cache) cannot run without a
+A node that keeps a ring cache (``sliding_window_cache=1``, decoctl.model._ring_cache) cannot run without a
 window: its window is what sizes and evicts the ring. There the kernel window is widened instead, by the ring's
 slack S, and the bias carries the model's window: a tree of up to S + 1 tokens then loses nothing to the kernel's
 slot-counted window (token i of the tree is cut only at slot P + i - (L + S), which is below every position its
@@ -115,7 +115,7 @@ def ring_windows(model: bytes) -> dict[str, int]:
 def rewrite(model: bytes, attention_bias: str, ring_slack: int = 0) -> Rewritten | Kept:
     """Move the window of every windowed GroupQueryAttention node that reads ``attention_bias`` (directly or
     through one Cast to the compute type) into a bias input of its own; see the module docstring. A node with a
-    ring cache keeps a kernel window, ``ring_slack`` positions wider than its own (decoctl.model.ring_cache)."""
+    ring cache keeps a kernel window, ``ring_slack`` positions wider than its own (decoctl.model._ring_cache)."""
     model_fields = list(pw.fields(model))
     graphs = [f for f in model_fields if f.number == MODEL_GRAPH]
     if len(graphs) != 1:

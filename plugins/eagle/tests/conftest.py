@@ -24,8 +24,7 @@ from decoctl_eagle.controller import HEAD, Eagle
 
 from decoctl import ControllerSpec, Host, hookimpl
 from decoctl.plugins import PluginRegistry
-from decoctl.testing import build_eagle_head, build_genai_model
-from decoctl.testing.costs import ForwardCostClock
+from decoctl.testing import ForwardCostClock, build_eagle_head, build_genai_model
 
 SEED = 41
 #: what one head forward costs in the cost model, in ms (a target forward: 1 ms plus 0.1 ms per token it feeds)

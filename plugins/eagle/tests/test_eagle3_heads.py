@@ -12,8 +12,7 @@ from onnx import numpy_helper
 
 from decoctl import CapabilityError, GenerationError, Generator
 from decoctl.plugins import PluginRegistry
-from decoctl.testing import build_genai_model, reference_outputs
-from decoctl.testing.eagle import build_eagle3_head
+from decoctl.testing import build_eagle3_head, build_genai_model, reference_outputs
 
 PROMPT = "def f(x):\n    return"
 

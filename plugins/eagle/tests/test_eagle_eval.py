@@ -15,8 +15,7 @@ from decoctl_eagle.evaluation import evaluate_head
 from decoctl import ConfigError, Sequence, load_model
 from decoctl.cli import main
 from decoctl.model.graph import enable_taps
-from decoctl.testing import build_genai_model
-from decoctl.testing.eagle import build_eagle3_head
+from decoctl.testing import build_eagle3_head, build_genai_model
 
 SEQ_LEN = 24
 STEPS = 3

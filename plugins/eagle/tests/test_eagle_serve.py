@@ -11,9 +11,8 @@ import pytest
 
 from decoctl import Generator, load_model
 from decoctl.plugins import PluginRegistry
-from decoctl.serve.engine import Engine, EngineRequest, Finished
-from decoctl.testing import first_divergence_is_a_tie
-from decoctl.testing.join_rules import Alternating
+from decoctl.serve import Engine, EngineRequest, Finished
+from decoctl.testing import Alternating, first_divergence_is_a_tie
 
 #: drafting options fixed, so that the rows draft whatever the machine's costs
 DRAFTING = {"chain": {"drafting": "chain", "k": 4, "adaptive": False}, "tree": {"drafting": "tree"}}

@@ -9,7 +9,7 @@ import pytest
 from decoctl_logits_chain import plugin
 
 from decoctl import ProcessorChain
-from decoctl.model.tokenizer import Tokenizer
+from decoctl.model import Tokenizer
 from decoctl.plugins import PluginRegistry, parse_processor_chain
 from decoctl.testing import build_genai_model
 

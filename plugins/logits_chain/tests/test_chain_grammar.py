@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from decoctl import ControllerError, Generator, ProcessContext
-from decoctl.model.tokenizer import Tokenizer
+from decoctl.model import Tokenizer
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import EOS_TOKEN_ID
 

@@ -12,7 +12,7 @@ from decoctl_logits_chain.dry import Dry, breaker_ids
 
 from decoctl import ConfigError, Generator, ProcessContext
 from decoctl.plugins import PluginRegistry
-from decoctl.testing.distributions import chi_square_p
+from decoctl.testing import chi_square_p
 
 # -- top-n-sigma and dynamic temperature ---------------------------------------------------------------------------
 

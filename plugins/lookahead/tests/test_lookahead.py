@@ -9,8 +9,7 @@ from decoctl_lookahead import NGramPool
 
 from decoctl import CapabilityError, GenerationError, Generator
 from decoctl.plugins import PluginRegistry
-from decoctl.testing import EOS_TOKEN_ID
-from decoctl.testing.distributions import chi_square_p, exact_two_token_marginals, sample_two_tokens
+from decoctl.testing import EOS_TOKEN_ID, chi_square_p, exact_two_token_marginals, sample_two_tokens
 
 PROMPTS = [
     "def fib(n):",

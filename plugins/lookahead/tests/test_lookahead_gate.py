@@ -20,7 +20,7 @@ from decoctl_lookahead.controller import Lookahead
 from decoctl import ControllerSpec, Generator, Host, hookimpl
 from decoctl.draft_length import JUDGE_AFTER, REFRESH_EVERY
 from decoctl.plugins import PluginRegistry
-from decoctl.testing.costs import ForwardCostClock
+from decoctl.testing import ForwardCostClock
 
 PROMPTS = [
     "def fib(n):",

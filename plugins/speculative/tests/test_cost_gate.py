@@ -20,8 +20,7 @@ from decoctl_speculative.controller import Speculative
 
 from decoctl import ControllerSpec, Generator, Host, hookimpl
 from decoctl.plugins import PluginRegistry
-from decoctl.testing import first_divergence_is_a_tie
-from decoctl.testing.costs import ForwardCostClock
+from decoctl.testing import ForwardCostClock, first_divergence_is_a_tie
 
 DEAR = 0.48  # ms per token past the first: a two-token forward costs 1.48 one-token ones
 CHEAP = 0.02

@@ -15,8 +15,8 @@ import pytest
 
 from decoctl import Generator
 from decoctl.plugins import PluginRegistry
-from decoctl.testing import EOS_TOKEN_ID
-from decoctl.testing.distributions import (
+from decoctl.testing import (
+    EOS_TOKEN_ID,
     PenaliseSeenPlugin,
     chi_square_p,
     exact_two_token_marginals,

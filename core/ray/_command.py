@@ -13,8 +13,8 @@ from typing import Any, TextIO
 
 from decoctl.errors import ConfigError, DecoctlError
 from decoctl.generation import BatchPrompt
-from decoctl.ray.batch import OUTPUT_COLUMNS, RESTARTS, check_plan, generate_dataset, plain_error, prompt_dataset
-from decoctl.ray.cluster import joined, require_ray
+from decoctl.ray._batch import OUTPUT_COLUMNS, RESTARTS, check_plan, generate_dataset, plain_error, prompt_dataset
+from decoctl.ray._cluster import joined, require_ray
 
 __all__ = ["decoctl_error", "run_prompts"]
 

@@ -323,7 +323,7 @@ class ModelSpec:
     ``max_length`` is the number of positions the KV cache is allocated for; ``share_buffer`` says past and
     present KV are one preallocated buffer (GroupQueryAttention models), otherwise present is past plus the
     new positions (concat models). ``num_kv_heads`` and ``head_size`` are the config's here; a loaded model's
-    spec has the graph's (see decoctl.model.loader).
+    spec has the graph's (see decoctl.model._loader).
     """
 
     path: Path

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from decoctl.host import Sequence
 from decoctl.model import load_model
-from decoctl.testing.models import top2_gap
+from decoctl.testing._models import top2_gap
 
 if TYPE_CHECKING:  # the helpers run Generators they are given; importing them here would load every layer
     from decoctl.generation import GenerationResult, Generator

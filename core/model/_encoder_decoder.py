@@ -4,7 +4,7 @@ Optimum exports T5, BART and Marian as several graphs (see spec.EncoderDecoderPa
 the first pass from an empty cache (it computes the cross-attention KV from the encoder's output) and a decoder
 for every later pass (it takes that KV as ``past_key_values.N.encoder.*``), or one merged decoder holding both
 behind ``use_cache_branch``. The loader opens each file once; this module checks what the graphs take and give
-against what the decoder runner binds (decoctl.model.decoder_runner), and holds the sessions.
+against what the decoder runner binds (decoctl.model._decoder_runner), and holds the sessions.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 import onnxruntime as ort
 
 from decoctl.errors import ModelLoadError
-from decoctl.model.kv_cache import graph_dtype
-from decoctl.model.spec import SEQ2SEQ_EXPORT, EncoderDecoderParts, ModelSpec
+from decoctl.model._kv_cache import graph_dtype
+from decoctl.model._spec import SEQ2SEQ_EXPORT, EncoderDecoderParts, ModelSpec
 
 __all__ = ["Encoder", "read_encoder"]
 

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from decoctl.errors import ConfigError
 from decoctl.plugins import PluginRegistry
-from decoctl.serve.join_rule import PREFILL_SHARE, JoinRule
+from decoctl.serve._join_rule import PREFILL_SHARE, JoinRule
 
 __all__ = ["add_serve_parsers", "load_roles", "run_chat", "run_serve"]
 
@@ -45,7 +45,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_serve_parsers(commands: Any) -> None:
     """The ``serve``, ``chat`` and ``bench-serve`` subcommands."""
-    from decoctl.serve.bench import add_bench_serve_parser
+    from decoctl.serve._bench import add_bench_serve_parser
 
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (needs pip install 'decoctl[serve]')")
     _add_model_arguments(serve)
@@ -83,7 +83,7 @@ def add_serve_parsers(commands: Any) -> None:
 
 def load_roles(args: argparse.Namespace, registry: PluginRegistry) -> dict[str, Any]:
     """The models the command's flags name, loaded: the target, its bundle's other roles, --draft and --role."""
-    from decoctl.model.loader import load_model
+    from decoctl.model._loader import load_model
     from decoctl.plugins import resolve_model
     from decoctl.specs import normalise_name
 
@@ -118,8 +118,8 @@ def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
     try:
         import uvicorn
 
-        from decoctl.serve.app import create_app
-        from decoctl.serve.engine import Engine
+        from decoctl.serve._app import create_app
+        from decoctl.serve._engine import Engine
     except ImportError as exc:
         raise ConfigError(
             f"decoctl serve needs the serve extra ({exc.name} is missing): pip install 'decoctl[serve]'"

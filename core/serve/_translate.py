@@ -18,7 +18,7 @@ from typing import Any
 
 from decoctl.errors import ConfigError
 from decoctl.plugins import PluginRegistry
-from decoctl.serve.protocol import ChatRequest, CompletionRequest, DecoctlChoice
+from decoctl.serve._protocol import ChatRequest, CompletionRequest, DecoctlChoice
 from decoctl.specs import normalise_name
 
 __all__ = ["choice_for", "processor_tables"]

@@ -7,12 +7,12 @@ from typing import Any
 import attrs
 
 from decoctl.errors import ModelLoadError
+from decoctl.model._kv_cache import graph_dtype
+from decoctl.model._ring_cache import RingLayer
+from decoctl.model._spec import ModelSpec, NonAttentionState, non_attention_state
 from decoctl.model.graph._fed_lengths import FedLengths
 from decoctl.model.graph._logit_rows import LOGITS_FROM
 from decoctl.model.graph._window_bias import WindowBias
-from decoctl.model.kv_cache import graph_dtype
-from decoctl.model.ring_cache import RingLayer
-from decoctl.model.spec import ModelSpec, NonAttentionState, non_attention_state
 
 __all__ = ["Capabilities"]
 
@@ -41,7 +41,7 @@ class Capabilities:
     ``windows``: the bias inputs of sliding-window layers whose window the loader moved from the kernel into the
     bias (decoctl.model.graph._window_bias), which the runner fills with the tree bias plus the window in positions.
     ``inputs_embeds``: the decoder's embeddings input (it takes embeddings, not token ids), or None.
-    ``rings``: the layers whose GroupQueryAttention keeps a window-sized ring cache (decoctl.model.ring_cache).
+    ``rings``: the layers whose GroupQueryAttention keeps a window-sized ring cache (decoctl.model._ring_cache).
     ``use_cache_branch``: the input that picks a merged decoder's branch (the runner feeds False on an empty cache,
     True after), or None.
     ``logits_from``: the input that picks the first position whose logits a forward computes (its default 0: all of

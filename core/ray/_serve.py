@@ -8,10 +8,10 @@ client leaves (the app then frees its rows), restarts a replica that dies and sc
 ``max_replicas`` under an ``autoscaling_config``.
 
     decoctl serve --ray-replicas 2 --threads 1 --max-rows 8          # a local cluster, or --ray-address HOST:6379
-    serve run decoctl.ray.serve:build_app model=pycode replicas=2 threads=1 max_rows=8
+    serve run decoctl.ray:build_app model=pycode replicas=2 threads=1 max_rows=8
 
 ``application(...)`` gives the same application to a program of one's own (``serve.run(application(...))``), and
-``build_app`` to ``serve run`` and to Serve's config files (``import_path: decoctl.ray.serve:build_app`` with ``args``).
+``build_app`` to ``serve run`` and to Serve's config files (``import_path: decoctl.ray:build_app`` with ``args``).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from typing import Any
 from decoctl import errors
 from decoctl.errors import ConfigError, DecoctlError
 from decoctl.plugins import PluginRegistry, resolve_model
-from decoctl.ray.cluster import joined, require_cpus, require_ray
-from decoctl.ray.command import decoctl_error
-from decoctl.serve.join_rule import PREFILL_SHARE, JoinRule
+from decoctl.ray._cluster import joined, require_cpus, require_ray
+from decoctl.ray._command import decoctl_error
+from decoctl.serve._join_rule import PREFILL_SHARE, JoinRule
 
 __all__ = ["APP_NAME", "REPLICA_HEADER", "Replica", "application", "build_app", "run_replicas"]
 
@@ -72,9 +72,9 @@ class Replica:
     (``__serve_build_asgi_app__``). Its responses name it in the ``x-decoctl-replica`` header."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        from decoctl.serve.app import create_app
-        from decoctl.serve.command import load_roles
-        from decoctl.serve.engine import Engine
+        from decoctl.serve._app import create_app
+        from decoctl.serve._command import load_roles
+        from decoctl.serve._engine import Engine
 
         registry = PluginRegistry()
         roles = [f"{role}={model}" for role, model in (config.get("roles") or {}).items()]
@@ -146,7 +146,7 @@ def _checked(given: Mapping[str, Any], known: Mapping[str, tuple[type, Any]]) ->
     values = {key: default for key, (_, default) in known.items()}
     for key, value in given.items():
         if key not in known:
-            raise ConfigError(f"decoctl.ray.serve: unknown argument {key!r}: it takes {sorted(known)}")
+            raise ConfigError(f"decoctl.ray.build_app: unknown argument {key!r}: it takes {sorted(known)}")
         kind = known[key][0]
         if value is None:
             values[key] = None
@@ -165,11 +165,11 @@ def _checked(given: Mapping[str, Any], known: Mapping[str, tuple[type, Any]]) ->
             if not isinstance(value, kind):
                 raise ValueError(value)
         except ValueError:
-            raise ConfigError(f"decoctl.ray.serve: {key}={value!r} must be a {kind.__name__}") from None
+            raise ConfigError(f"decoctl.ray.build_app: {key}={value!r} must be a {kind.__name__}") from None
         values[key] = value
     for key in ("threads", "max_rows", "replicas"):
         if key in values and values[key] < 1:
-            raise ConfigError(f"decoctl.ray.serve: {key}={values[key]} must be at least 1")
+            raise ConfigError(f"decoctl.ray.build_app: {key}={values[key]} must be at least 1")
     return values
 
 
@@ -178,7 +178,7 @@ def application(**args: Any) -> Any:
     autoscaling_config as a mapping, passed through), each with ``threads`` intra-op threads (Ray reserves as many
     CPUs for it), ``max_rows`` rows and ``max_queue`` waiting requests, loading ``model`` (and ``draft``, ``roles``:
     role -> model) as ``decoctl serve`` does. ConfigError for an unknown argument or a value of the wrong kind."""
-    require_ray("decoctl.ray.serve")
+    require_ray("decoctl.ray._serve")
     deployment_args = _checked({k: v for k, v in args.items() if k in DEPLOYMENT_ARGS}, DEPLOYMENT_ARGS)
     config = _checked({k: v for k, v in args.items() if k not in DEPLOYMENT_ARGS}, REPLICA_ARGS)
     config["roles"] = deployment_args["roles"] or {}
@@ -202,7 +202,7 @@ def application(**args: Any) -> Any:
 
 
 def build_app(args: Mapping[str, Any]) -> Any:
-    """``serve run decoctl.ray.serve:build_app KEY=VALUE ...`` and a Serve config file's ``import_path``: the
+    """``serve run decoctl.ray:build_app KEY=VALUE ...`` and a Serve config file's ``import_path``: the
     application of ``application(**args)`` (the values may be strings, as ``serve run`` passes them)."""
     return application(**dict(args))
 

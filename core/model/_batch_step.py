@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from decoctl.model.kv_rows import SharedKVRows
-from decoctl.model.loader import LoadedModel
-from decoctl.model.runner import RunOutputs, kernel_failure
+from decoctl.model._kv_rows import SharedKVRows
+from decoctl.model._loader import LoadedModel
+from decoctl.model._runner import RunOutputs, kernel_failure
 
 __all__ = ["BatchStep"]
 

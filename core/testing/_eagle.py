@@ -11,7 +11,7 @@ the token after it, x_{i+1}, and computes
 
 ``embed_tokens``, ``final_norm`` and ``lm_head`` are the target's own weights (shared, not trained), so the
 predicted feature lives in the target's feature space and is fed back as the next position's feature while
-drafting. The decoder layer is the testing targets' own (decoctl.testing.models), so ``copy_layer`` can make a head
+drafting. The decoder layer is the testing targets' own (decoctl.testing._models), so ``copy_layer`` can make a head
 that imitates its target; this is also the architecture of the demo bundle's head (tools/train_eagle.py), unlike a
 published EAGLE-1 head's (no input norm, no final norm; decoctl.model.eagle_graph). A head may draft from a *draft
 vocabulary* (EAGLE-3's reduced vocabulary): given ``draft_ids`` (the target token ids it can propose, int64[n]) its
@@ -43,9 +43,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from decoctl.model.capabilities import FEATURES
+from decoctl.model._capabilities import FEATURES
 from decoctl.model.eagle_graph import EAGLE1, EAGLE3, HeadDims, save_head, write_head
-from decoctl.testing.models import (
+from decoctl.testing._models import (
     _FLOAT,
     LOGIT_STD,
     RMS_EPS,

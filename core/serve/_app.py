@@ -34,8 +34,8 @@ from starlette.routing import Route
 from decoctl.errors import ConfigError
 from decoctl.generation import ChatTemplate
 from decoctl.logs import get_logger
-from decoctl.model.vision import ImageFeatures
-from decoctl.serve.engine import (
+from decoctl.model._vision import ImageFeatures
+from decoctl.serve._engine import (
     Delta,
     Engine,
     EngineClosedError,
@@ -46,8 +46,8 @@ from decoctl.serve.engine import (
     QueueFullError,
     TokenLogprob,
 )
-from decoctl.serve.metrics import CONTENT_TYPE_LATEST, Metrics
-from decoctl.serve.protocol import (
+from decoctl.serve._metrics import CONTENT_TYPE_LATEST, Metrics
+from decoctl.serve._protocol import (
     AssistantMessage,
     ChatChoice,
     ChatChunk,
@@ -68,8 +68,8 @@ from decoctl.serve.protocol import (
     error_body,
     validation_message,
 )
-from decoctl.serve.protocol import TokenLogprob as ChatTokenLogprob
-from decoctl.serve.translate import choice_for
+from decoctl.serve._protocol import TokenLogprob as ChatTokenLogprob
+from decoctl.serve._translate import choice_for
 
 __all__ = ["create_app"]
 

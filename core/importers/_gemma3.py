@@ -29,10 +29,10 @@ import attrs
 import numpy as np
 
 from decoctl.errors import ConfigError, ModelLoadError
-from decoctl.importers.progress import Steps
-from decoctl.importers.registry import RegisteredModel, data_dir, find_registered, models_dir, register, registry_file
-from decoctl.importers.requirements import TORCH, Requirement, check_requirements
-from decoctl.importers.verify import LogitsCheck, compare_logits, require_all
+from decoctl.importers._progress import Steps
+from decoctl.importers._registry import RegisteredModel, data_dir, find_registered, models_dir, register, registry_file
+from decoctl.importers._requirements import TORCH, Requirement, check_requirements
+from decoctl.importers._verify import LogitsCheck, compare_logits, require_all
 
 __all__ = [
     "NAME",
@@ -371,7 +371,7 @@ def import_gemma3(
 
     :param int8: export 8-bit weights (about 2.3x faster greedy decoding on CPU, one thread) instead of float32.
     :param full_kv: keep full-length KV on the sliding-window layers (registered with a ``-fullkv`` suffix)
-        instead of ring caches of their window (decoctl.model.ring_cache), the builder's default.
+        instead of ring caches of their window (decoctl.model._ring_cache), the builder's default.
     :param force: convert again even when the model is already registered.
     :param report: receives one line per step start and end (the CLI prints them).
     :param check: the dependency check (tests swap it).

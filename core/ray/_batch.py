@@ -25,7 +25,7 @@ from typing import Any
 from decoctl.errors import ConfigError, DecoctlError, GenerationError
 from decoctl.generation import PROMPT_KEYS, BatchPrompt, Generator, read_prompts, result_record
 from decoctl.plugins import PluginRegistry, parse_processor_chain, resolve_controller, resolve_model
-from decoctl.ray.cluster import connect, require_cpus
+from decoctl.ray._cluster import connect, require_cpus
 from decoctl.specs import parse_options
 
 __all__ = [

@@ -12,7 +12,7 @@ import onnxruntime as ort
 
 from decoctl.errors import CapabilityError, ModelLoadError, SequenceError
 from decoctl.logs import get_logger
-from decoctl.model.kv_cache import (
+from decoctl.model._kv_cache import (
     ConcatKVCache,
     KVCache,
     SharedKVCache,
@@ -22,9 +22,9 @@ from decoctl.model.kv_cache import (
     make_kv_cache,
     to_float32,
 )
-from decoctl.model.loader import LoadedModel
-from decoctl.model.prefill import QUERY_SEQLENS
-from decoctl.model.vision import ImageFeatures, too_many_image_tokens
+from decoctl.model._loader import LoadedModel
+from decoctl.model._prefill import QUERY_SEQLENS
+from decoctl.model._vision import ImageFeatures, too_many_image_tokens
 
 __all__ = [
     "PRIVATE_ORT_VERSIONS",
@@ -175,7 +175,7 @@ class Runner:
         spec = model.spec
         self.model = model
         self.max_length = min(max_length or spec.max_length, spec.context_length)
-        # ``kv``: a cache someone else allocated (one row of a role's batched buffers, decoctl.model.kv_rows)
+        # ``kv``: a cache someone else allocated (one row of a role's batched buffers, decoctl.model._kv_rows)
         # a split export's prefill graph writes a whole padded chunk: the cache has room for its padding
         room = model.prefill.chunk if model.prefill is not None else 0
         self.kv: KVCache = (
@@ -244,7 +244,7 @@ class Runner:
         self._one: RunOutputs | None = None
         self._masked = caps.fed_lengths is None
         # a vision-language decoder takes embeddings: the embedding stage makes them from the fed tokens and, for
-        # the prompt's image tokens, the images' features (decoctl.model.vision)
+        # the prompt's image tokens, the images' features (decoctl.model._vision)
         self._embedder = model.vision.embedder if model.vision is not None and caps.inputs_embeds else None
         #: the images of this sequence's prompt, their features in order (set by the host before the prefill)
         self.images: ImageFeatures | None = None
@@ -499,12 +499,12 @@ class Runner:
     def copy_from(self, other: Runner) -> None:
         """Hold a copy of ``other``'s KV cache (a runner of the same model; ``other`` unchanged): a row forked from
         another row of a concatenated-cache model, each row a runner of its own (decoctl.host.Rows). Shared-buffer rows
-        copy inside their batched buffer instead (decoctl.model.kv_rows)."""
+        copy inside their batched buffer instead (decoctl.model._kv_rows)."""
         mine, theirs = self.kv, other.kv
         if not isinstance(mine, ConcatKVCache) or not isinstance(theirs, ConcatKVCache):
             raise CapabilityError(
                 f"copy_from() on model {self.model.name}: only concatenated KV caches are copied from runner to "
-                "runner; shared-buffer rows copy inside their batched buffer (decoctl.model.kv_rows)"
+                "runner; shared-buffer rows copy inside their batched buffer (decoctl.model._kv_rows)"
             )
         mine.copy_from(theirs)
         self._one = None
@@ -535,7 +535,7 @@ def kernel_failure(model: LoadedModel, exc: Exception, what: str) -> ModelLoadEr
 
 
 class _PrefillRun:
-    """A split export's prefill graph driven chunk by chunk over a runner's KV cache (decoctl.model.prefill): each
+    """A split export's prefill graph driven chunk by chunk over a runner's KV cache (decoctl.model._prefill): each
     chunk padded to the graph's length, ``query_seqlens`` saying how many of its tokens are real."""
 
     def __init__(self, model: LoadedModel, runner: Runner) -> None:
@@ -613,7 +613,7 @@ def dry_forward(model: LoadedModel) -> str:
     if encoder is None:
         runner = Runner(model, max_length=min(spec.max_length, 8))
     else:  # an encoder-decoder model: the encoder over two source tokens first
-        from decoctl.model.decoder_runner import DecoderRunner  # it builds on this module
+        from decoctl.model._decoder_runner import DecoderRunner  # it builds on this module
 
         decoder = DecoderRunner(model, max_length=min(spec.max_length, 8))
         runner = decoder

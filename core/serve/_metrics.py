@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from decoctl.serve.engine import Engine
+from decoctl.serve._engine import Engine
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 

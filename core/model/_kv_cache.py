@@ -5,7 +5,7 @@ Two strategies, picked from the model's config (and, within the first, ring cach
   same memory (GroupQueryAttention with past_present_share_buffer). A step writes only the new positions,
   rewind is a length change. Layers whose GroupQueryAttention keeps a window-sized ring
   (``sliding_window_cache=1``) get a buffer of the window plus a slack instead, and their eviction, spill and
-  rewinds are decoctl.model.ring_cache's.
+  rewinds are decoctl.model._ring_cache's.
 - ConcatKVCache: graphs whose present is past plus the new positions (Optimum, plain attention). Two
   preallocated buffers per tensor take turns as past and present, so a step allocates nothing and the only
   copy is the one onnxruntime makes while concatenating; a rewind re-lays the kept prefix once.
@@ -24,8 +24,8 @@ import numpy as np
 import onnxruntime as ort
 
 from decoctl.errors import ModelLoadError, SequenceError
-from decoctl.model.ring_cache import RingLayer, RingLayers, ring_groups
-from decoctl.model.spec import ModelSpec
+from decoctl.model._ring_cache import RingLayer, RingLayers, ring_groups
+from decoctl.model._spec import ModelSpec
 
 __all__ = [
     "BFLOAT16_BITS",
@@ -154,7 +154,7 @@ class KVCache(abc.ABC):
         self.length = 0
         self._row = spec.num_kv_heads * spec.head_size
 
-    #: the ring-cache layers' bookkeeping (decoctl.model.ring_cache), None where the model keeps none
+    #: the ring-cache layers' bookkeeping (decoctl.model._ring_cache), None where the model keeps none
     rings: RingLayers | None = None
 
     @property
@@ -202,7 +202,7 @@ def ring_buffers(
 class SharedKVCache(KVCache):
     """past == present: [1, kv_heads, max_length, head_size] per tensor (a ring layer's: its capacity), bound
     once. ``buffers`` (one (key, value) pair per layer, C-contiguous, that shape): memory owned by someone else,
-    such as one row of a role's batched buffers (decoctl.model.kv_rows); None allocates its own. ``rings``: the
+    such as one row of a role's batched buffers (decoctl.model._kv_rows); None allocates its own. ``rings``: the
     ring layers (their buffers among ``buffers``); ``spills``: their spills where ``buffers`` is given."""
 
     def __init__(

@@ -23,10 +23,10 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from decoctl.model.capabilities import FEATURES
-from decoctl.model.genai_layout import builder_decoder_section
+from decoctl.model._capabilities import FEATURES
+from decoctl.model._genai_layout import builder_decoder_section
 from decoctl.model.graph import TAP_LAYERS_KEY
-from decoctl.testing.tokenizer import (
+from decoctl.testing._tokenizer import (
     BOS_TOKEN_ID,
     EOS_TOKEN_ID,
     PAD_TOKEN_ID,
@@ -139,7 +139,7 @@ def build_genai_model(
         the builder writes it: GroupQueryAttention's ``local_window_size``, the query at position p sees keys at
         p - local_window_size + 1 .. p); None: every layer attends to the whole sequence.
     :param ring_cache: the windowed layers keep window-sized ring caches (``sliding_window_cache=1``, the builder's
-        default export of windowed models; decoctl.model.ring_cache).
+        default export of windowed models; decoctl.model._ring_cache).
     :param vocab: the model's vocabulary; defaults to the tokenizer's (384). The tokenizer is trained with
         ``min(vocab, 384)`` entries, so a larger ``vocab`` leaves ids no text encodes to, as padded
         vocabularies of real models do.

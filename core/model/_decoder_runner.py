@@ -29,10 +29,10 @@ import numpy as np
 import onnxruntime as ort
 
 from decoctl.errors import CapabilityError, SequenceError
-from decoctl.model.encoder_decoder import Encoder
-from decoctl.model.kv_cache import ConcatKVCache, KVCache, binding_type, graph_dtype
-from decoctl.model.loader import LoadedModel
-from decoctl.model.runner import Runner, RunOutputs, binding_calls
+from decoctl.model._encoder_decoder import Encoder
+from decoctl.model._kv_cache import ConcatKVCache, KVCache, binding_type, graph_dtype
+from decoctl.model._loader import LoadedModel
+from decoctl.model._runner import Runner, RunOutputs, binding_calls
 
 __all__ = ["DecoderRunner"]
 
@@ -68,7 +68,7 @@ class DecoderRunner(Runner):
     def __init__(self, model: LoadedModel, max_length: int | None = None, kv: KVCache | None = None) -> None:
         encoder = model.encoder
         if encoder is None:
-            raise CapabilityError(f"model {model.name} has no encoder: run it with decoctl.model.runner.Runner")
+            raise CapabilityError(f"model {model.name} has no encoder: run it with decoctl.model._runner.Runner")
         if kv is not None:
             raise CapabilityError(
                 f"model {model.name} is an encoder-decoder model, whose decoder runs one row (its self-attention KV "

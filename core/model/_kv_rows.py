@@ -8,7 +8,7 @@ scratch slot: a step feeds every row in 0..k-1, and a row that is not stepped wr
 its own length, which for a full row would otherwise fall past the buffer.
 
 fork copies one row's valid prefix into another; reorder gathers whole rows (beam search); neither recomputes
-anything. Ring-cache layers (decoctl.model.ring_cache) keep [capacity, kv_heads, ring capacity, head_size] and a
+anything. Ring-cache layers (decoctl.model._ring_cache) keep [capacity, kv_heads, ring capacity, head_size] and a
 spill per row; fork and reorder copy a row's whole ring, spill and bookkeeping. A batched step feeds every row
 below the highest stepped one, so a row it passes over may see the kernel evict on its ring: its spill is filled
 before the Run and its layout put back after (``before_step`` / ``after_step``).
@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from decoctl.model.kv_cache import SharedKVCache, ring_buffers
-from decoctl.model.ring_cache import RingLayer
-from decoctl.model.spec import ModelSpec
+from decoctl.model._kv_cache import SharedKVCache, ring_buffers
+from decoctl.model._ring_cache import RingLayer
+from decoctl.model._spec import ModelSpec
 
 __all__ = ["SharedKVRows", "available_memory"]
 

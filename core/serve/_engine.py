@@ -10,7 +10,7 @@ Each iteration of the engine's loop (decoctl.generation's loop, with rows that c
 1. completions whose client left are ended and their rows freed;
 2. waiting requests are admitted while rows are free (each completion a row of its own, a Host, controller and
    logits chain of its own over it); their prompts are fed whole while no row decodes, and otherwise in chunks
-   that spend a budget of prompt work a step, set by the engine's cost rule (decoctl.serve.join_rule) so that it
+   that spend a budget of prompt work a step, set by the engine's cost rule (decoctl.serve._join_rule) so that it
    adds a bounded share to the batched step (``prefill_chunk`` caps every chunk); a chunk computes no logits, the
    prompt's last its last row only, and a row stepped by a batched controller (greedy, sample) feeds its prompt's
    last token in the batched Run, where its logits cost a row of the Run instead of a forward's LM head; a request's
@@ -48,10 +48,10 @@ from decoctl.errors import ConfigError, ControllerError, DecoctlError
 from decoctl.generation import Generator
 from decoctl.host import Host, Output, Rows, Sequence, SequenceStats, StopRules, role_flag
 from decoctl.logs import get_logger
-from decoctl.model.loader import LoadedModel
-from decoctl.model.vision import ImageFeatures
+from decoctl.model._loader import LoadedModel
+from decoctl.model._vision import ImageFeatures
 from decoctl.plugins import PluginRegistry, parse_processor_chain
-from decoctl.serve.join_rule import JoinRule
+from decoctl.serve._join_rule import JoinRule
 from decoctl.specs import ControllerSpec, normalise_name
 
 __all__ = [
@@ -98,7 +98,7 @@ class EngineRequest:
     #: a chain string ("top_k=40,temperature=0.8") or a list of tables ({"name": "grammar", "json_schema": ...})
     processors: str | list[dict[str, Any]] | None = None
     logprobs: int | None = None
-    #: a vision-language target's image features for the prompt's image tokens (decoctl.model.vision), in order;
+    #: a vision-language target's image features for the prompt's image tokens (decoctl.model._vision), in order;
     #: ``ids`` holds each image's tokens already expanded
     images: ImageFeatures | None = None
 
@@ -235,7 +235,7 @@ class Engine:
     :param max_rows: rows of the target's KV buffer: completions that run at once.
     :param max_queue: requests that may wait for rows; one more is refused with QueueFullError.
     :param max_length: positions of each row (default: the model's).
-    :param join_rule: when a speculating row joins the batched step (decoctl.serve.join_rule; default its cost rule).
+    :param join_rule: when a speculating row joins the batched step (decoctl.serve._join_rule; default its cost rule).
     :param clock: what the join rule's costs are measured with (seconds).
     :param warm: run a token through every row once at start (see ``_warm``).
     :param prefill_chunk: feed prompts in chunks of at most this many tokens, one chunk a prompt an engine step

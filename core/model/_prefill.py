@@ -14,7 +14,7 @@ import attrs
 import onnxruntime as ort
 
 from decoctl.errors import ModelLoadError
-from decoctl.model.spec import ModelSpec
+from decoctl.model._spec import ModelSpec
 
 __all__ = ["QUERY_SEQLENS", "PrefillGraph", "read_prefill"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from decoctl.serve.join_rule import JoinRule
+from decoctl.serve._join_rule import JoinRule
 
 __all__ = ["Alternating"]
 

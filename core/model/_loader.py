@@ -13,20 +13,20 @@ import onnxruntime as ort
 
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
-from decoctl.model import huge_pages as pages
-from decoctl.model import pipeline as pipelines
-from decoctl.model.capabilities import ATTENTION_BIAS, Capabilities
-from decoctl.model.encoder_decoder import Encoder, read_encoder
+from decoctl.model import _huge_pages as pages
+from decoctl.model import _pipeline as pipelines
+from decoctl.model._capabilities import ATTENTION_BIAS, Capabilities
+from decoctl.model._encoder_decoder import Encoder, read_encoder
+from decoctl.model._kv_cache import kv_shape
+from decoctl.model._prefill import PrefillGraph, read_prefill
+from decoctl.model._ring_cache import DEFAULT_SLACK, RingLayer
+from decoctl.model._spec import ModelSpec
+from decoctl.model._tokenizer import Tokenizer
+from decoctl.model._vision import ImagePreprocessor, TokenEmbedder, VisionParts, read_embedding_table
 from decoctl.model.graph import _fed_lengths as fed_lengths
 from decoctl.model.graph import _logit_rows as logit_rows
 from decoctl.model.graph import _protowire as protowire
 from decoctl.model.graph import _window_bias as window_bias
-from decoctl.model.kv_cache import kv_shape
-from decoctl.model.prefill import PrefillGraph, read_prefill
-from decoctl.model.ring_cache import DEFAULT_SLACK, RingLayer
-from decoctl.model.spec import ModelSpec
-from decoctl.model.tokenizer import Tokenizer
-from decoctl.model.vision import ImagePreprocessor, TokenEmbedder, VisionParts, read_embedding_table
 
 __all__ = ["LoadedModel", "default_threads", "load_model", "session_options"]
 
@@ -69,8 +69,8 @@ class LoadedModel:
     """One opened model: shared by every Sequence that runs it (each Sequence has its own KV cache).
 
     ``session`` runs the decoder step by step; ``encoder``: an encoder-decoder model's encoder and first-pass
-    decoder (decoctl.model.encoder_decoder), None for a decoder-only model; ``vision``: a vision-language model's
-    vision encoder, embedding stage and image preprocessor (decoctl.model.vision), None otherwise; ``prefill``: a
+    decoder (decoctl.model._encoder_decoder), None for a decoder-only model; ``vision``: a vision-language model's
+    vision encoder, embedding stage and image preprocessor (decoctl.model._vision), None otherwise; ``prefill``: a
     split export's prefill graph, None otherwise.
     """
 
@@ -82,7 +82,7 @@ class LoadedModel:
     threads: int
     encoder: Encoder | None = None
     vision: VisionParts | None = None
-    #: a split export's prefill graph (decoctl.model.prefill): multi-token forwards run it chunk by chunk
+    #: a split export's prefill graph (decoctl.model._prefill): multi-token forwards run it chunk by chunk
     prefill: PrefillGraph | None = None
 
 
@@ -103,12 +103,12 @@ def load_model(
     :param feed_lengths: remove onnxruntime-genai's attention-mask subgraph and feed GroupQueryAttention's
         sequence lengths directly (decoctl.model.graph._fed_lengths; the same logits, a cheaper step). None: on unless
         the environment sets DECOCTL_FEED_LENGTHS=0.
-    :param huge_pages: place the weights for 2 MiB pages (decoctl.model.huge_pages): glibc's mmap threshold is
+    :param huge_pages: place the weights for 2 MiB pages (decoctl.model._huge_pages): glibc's mmap threshold is
         raised while the session loads, then the process's large resident memory is madvised into huge pages.
         Both act on the whole process, so they are off unless asked (the command line asks); they make a CPU
         model's step faster and steadier across sessions (huge_pages.py has the measurement).
     :param ring_slack: positions a sliding-window layer with a ring cache keeps beyond its window, the depth of
-        the rewinds and the size of the trees that stay exact there (decoctl.model.ring_cache).
+        the rewinds and the size of the trees that stay exact there (decoctl.model._ring_cache).
     """
     spec = ModelSpec.from_folder(path)
     options = session_options(threads)
