@@ -3,33 +3,15 @@ resolve. The import contracts themselves are checked by `lint-imports` in `make 
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
-import types
 
 import pytest
 
 import decoctl
-import decoctl.bench
-import decoctl.controllers
-import decoctl.generation
-import decoctl.host
-import decoctl.model
-import decoctl.model.graph
-import decoctl.plugins
-import decoctl.processing
-
-SUBPACKAGES = [
-    decoctl.bench,
-    decoctl.controllers,
-    decoctl.generation,
-    decoctl.host,
-    decoctl.model,
-    decoctl.model.graph,
-    decoctl.plugins,
-    decoctl.processing,
-]
+from decoctl._api import PUBLIC_MODULES
 
 
 def loaded_after(statement: str) -> set[str]:
@@ -72,11 +54,12 @@ def test_reading_the_model_registry_loads_no_importer(module: str) -> None:
     assert "decoctl.importers._gemma3" not in loaded_after(f"import {module}")
 
 
-@pytest.mark.parametrize("package", [decoctl, *SUBPACKAGES], ids=lambda p: p.__name__)
-def test_every_public_name_resolves(package: types.ModuleType) -> None:
-    for name in package.__all__:
-        assert getattr(package, name) is not None, name
-    assert set(package.__all__) <= set(dir(package))
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_every_public_name_resolves(name: str) -> None:
+    module = importlib.import_module(name)
+    for public in module.__all__:
+        assert getattr(module, public) is not None, public
+    assert set(module.__all__) <= set(dir(module))
 
 
 def test_the_top_level_names_are_the_subpackages_objects() -> None:
@@ -107,46 +90,65 @@ def _public_modules_in_the_code() -> set[str]:
 
 
 def _public_modules_in_the_docs() -> set[str]:
-    """The modules docs/ARCHITECTURE.md's "Public modules" lists ("`decoctl.x` and its modules `a`, `b`")."""
+    """The modules docs/ARCHITECTURE.md's "Public modules" lists (the bullets after its first paragraph)."""
     import re
     from pathlib import Path
 
     text = (Path(__file__).parents[1] / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
     section = text.split("### Public modules", 1)[1].split("\n## ", 1)[0]
-    items = "\n" + section[section.index("\n- ") + 1 :].split("\n\n", 1)[0]  # the list after the paragraph
-    listed: set[str] = set()
-    for entry in re.split(r"\n- ", items):
-        for clause in re.split(r",\s+(?:and\s+)?(?=`decoctl)|;", entry):
-            names = re.findall(r"`([\w.]+)`", clause)
-            if not names:
-                continue
-            head, *children = names
-            listed.add(head)
-            if " and its modules " in clause:
-                listed.update(f"{head}.{child}" for child in children)
-            else:
-                listed.update(name for name in children if name.startswith("decoctl"))
-    return listed
+    items = section[section.index("\n- ") + 1 :].split("\n\n", 1)[0]  # the list after the paragraph
+    return set(re.findall(r"`(decoctl[\w.]*)`", items))
 
 
-def test_the_public_modules_are_exactly_those_the_architecture_lists() -> None:
-    code, docs = _public_modules_in_the_code(), _public_modules_in_the_docs()
-    assert not code - docs, f"public in the code but not listed in docs/ARCHITECTURE.md: {sorted(code - docs)}"
-    assert not docs - code, f"listed in docs/ARCHITECTURE.md but not a public module: {sorted(docs - code)}"
+def _public_modules_plugins_may_import() -> set[str]:
+    """The modules pyproject.toml's import contract lets a plugin distribution import: the package itself and the
+    modules its forbidden contract ignores."""
+    import tomllib
+    from pathlib import Path
+
+    config = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    (contract,) = [
+        c
+        for c in config["tool"]["importlinter"]["contracts"]
+        if c["type"] == "forbidden" and "decoctl_eagle" in c["source_modules"]
+    ]
+    assert contract["forbidden_modules"] == ["decoctl.*"]
+    return {"decoctl", *(entry.removeprefix("** -> ") for entry in contract["ignore_imports"])}
 
 
-def test_plugin_tests_import_only_public_modules() -> None:
-    """A plugin's tests use decoctl as any plugin author would: no module with an underscore-led part."""
+def test_the_public_modules_are_one_set_in_the_code_the_docs_and_the_import_contract() -> None:
+    public = set(PUBLIC_MODULES)
+    assert len(public) == len(PUBLIC_MODULES), "a module listed twice in decoctl._api.PUBLIC_MODULES"
+    code, docs, contract = (
+        _public_modules_in_the_code(),
+        _public_modules_in_the_docs(),
+        _public_modules_plugins_may_import(),
+    )
+    assert code == public, (
+        f"not underscore-named but not public: {sorted(code - public)}; missing: {sorted(public - code)}"
+    )
+    assert docs == public, f"docs/ARCHITECTURE.md lists {sorted(docs - public)}, and leaves out {sorted(public - docs)}"
+    assert contract == public, (
+        f"pyproject.toml's plugin contract allows {sorted(contract - public)}, and forbids {sorted(public - contract)}"
+    )
+
+
+def test_plugins_and_their_tests_import_only_public_modules() -> None:
+    """A plugin and its tests use decoctl as any plugin author would: the public modules only (import-linter checks
+    the distributions' own packages; this covers their tests as well)."""
     import ast
     from pathlib import Path
 
     private: list[str] = []
-    for path in sorted((Path(__file__).parents[1] / "plugins").glob("*/tests/**/*.py")):
+    plugins = Path(__file__).parents[1] / "plugins"
+    for path in sorted(plugins.glob("*/**/*.py")):
+        if not all(part.isidentifier() for part in path.relative_to(plugins).parts[1:-1]):
+            continue  # not a package's or the tests' (a build's unpacked copy)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            for name in names:
-                if name.split(".")[0] == "decoctl" and any(part.startswith("_") for part in name.split(".")[1:]):
-                    private.append(f"{path.name}: {name}")
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules = [node.module]
+            private.extend(
+                f"{path.name}: {m}" for m in modules if m.split(".")[0] == "decoctl" and m not in PUBLIC_MODULES
+            )
     assert not private, private

@@ -25,6 +25,8 @@ import attrs
 
 from decoctl.testing import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, build_tokenizer
 
+__all__ = ["IMAGE_MARK", "IMAGE_TOKENS", "NEEDED", "Llava", "build_llava", "main", "missing"]
+
 NEEDED = ("onnxruntime_genai", "onnx_ir", "torch", "transformers", "PIL")
 IMAGE_SIZE = 28
 PATCH = 14
