@@ -10,8 +10,6 @@ to the image token that no image fills (one the model generates) takes its table
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from decoctl.errors import CapabilityError, ConfigError, ModelLoadError, SequenceError
+from decoctl.model._image_processor import ImagePreprocessor
 from decoctl.model.graph import _protowire as pw
 
 __all__ = ["ImageFeatures", "ImagePreprocessor", "TokenEmbedder", "VisionParts", "read_embedding_table"]
@@ -31,98 +30,6 @@ _MODEL_GRAPH = 7
 _GRAPH_NODE, _GRAPH_INITIALIZER = 1, 5
 _NODE_INPUT, _NODE_OP_TYPE = 1, 4
 _FLOAT, _FLOAT16 = 1, 10
-
-#: the Pillow resampling filters preprocessor_config.json's ``resample`` numbers name
-_RESAMPLE = {0: "NEAREST", 1: "LANCZOS", 2: "BILINEAR", 3: "BICUBIC", 4: "BOX", 5: "HAMMING"}
-
-
-@attrs.frozen(kw_only=True)
-class ImagePreprocessor:
-    """What transformers' CLIP-style image processors do, from a folder's preprocessor_config.json: RGB, resize
-    to ``size`` (height, width), optional centre crop, rescale, normalize, channels first."""
-
-    size: tuple[int, int]
-    crop: tuple[int, int] | None
-    rescale: float | None
-    mean: tuple[float, float, float] | None
-    std: tuple[float, float, float] | None
-    resample: str
-
-    @classmethod
-    def from_folder(cls, folder: Path) -> ImagePreprocessor:
-        path = folder / "preprocessor_config.json"
-        if not path.is_file():
-            raise ModelLoadError(
-                f"{folder} has a vision encoder but no preprocessor_config.json: copy the one the model was published "
-                "with (transformers' image processor settings) next to the graphs"
-            )
-        config = json.loads(path.read_text(encoding="utf-8"))
-        size = config.get("size", {})
-        if "height" in size:
-            hw = (int(size["height"]), int(size["width"]))
-        elif "shortest_edge" in size:
-            hw = (int(size["shortest_edge"]), int(size["shortest_edge"]))
-        else:
-            raise ModelLoadError(f"{path}: size {size!r} names neither height/width nor shortest_edge")
-        crop = config.get("crop_size") if config.get("do_center_crop") else None
-        crop_hw = (int(crop["height"]), int(crop["width"])) if isinstance(crop, dict) else None
-        normalize = config.get("do_normalize", True)
-        return cls(
-            size=hw,
-            crop=crop_hw,
-            rescale=float(config.get("rescale_factor", 1 / 255)) if config.get("do_rescale", True) else None,
-            mean=_triple(config["image_mean"]) if normalize else None,
-            std=_triple(config["image_std"]) if normalize else None,
-            resample=_RESAMPLE.get(int(config.get("resample", 3)), "BICUBIC"),
-        )
-
-    def __call__(self, images: Sequence[Any]) -> np.ndarray:
-        """float32[len(images), 3, height, width] from images: paths, bytes or PIL images."""
-        return np.stack([self._one(image, index) for index, image in enumerate(images)])
-
-    def _one(self, image: Any, index: int) -> np.ndarray:
-        try:
-            from PIL import Image, UnidentifiedImageError
-        except ImportError as exc:
-            raise ConfigError("images need Pillow: pip install 'decoctl[vision]' (or pip install pillow)") from exc
-        opened: Any
-        try:
-            if isinstance(image, (str, Path)):
-                opened = Image.open(image)
-            elif isinstance(image, (bytes, bytearray)):
-                opened = Image.open(io.BytesIO(image))
-            elif isinstance(image, Image.Image):
-                opened = image
-            else:
-                raise ConfigError(
-                    f"image {index} is a {type(image).__name__}: give a file path, the file's bytes or a PIL image"
-                )
-            opened.load()
-        except (UnidentifiedImageError, OSError) as exc:
-            raise ConfigError(f"image {index} ({_shown(image)}) is not an image Pillow can read: {exc}") from exc
-        picture = opened.convert("RGB")
-        height, width = self.size
-        picture = picture.resize((width, height), getattr(Image.Resampling, self.resample))
-        if self.crop is not None:
-            top, left = (height - self.crop[0]) // 2, (width - self.crop[1]) // 2
-            picture = picture.crop((left, top, left + self.crop[1], top + self.crop[0]))
-        pixels: np.ndarray = np.asarray(picture, dtype=np.float32)
-        if self.rescale is not None:
-            pixels = pixels * np.float32(self.rescale)
-        if self.mean is not None and self.std is not None:
-            pixels = (pixels - np.array(self.mean, np.float32)) / np.array(self.std, np.float32)
-        return np.ascontiguousarray(pixels.transpose(2, 0, 1), dtype=np.float32)
-
-
-def _triple(values: Any) -> tuple[float, float, float]:
-    first, second, third = (float(v) for v in values)
-    return first, second, third
-
-
-def _shown(image: Any) -> str:
-    if isinstance(image, (str, Path)):
-        return str(image)
-    return f"{len(image)} bytes" if isinstance(image, (bytes, bytearray)) else type(image).__name__
 
 
 @attrs.define
@@ -257,15 +164,14 @@ class VisionParts:
         """Run the vision encoder once per image; the features of every image, in order."""
         if not images:
             return ImageFeatures(rows=np.zeros((0, self.embedder.hidden), np.float32), per_image=())
-        pixels = self.preprocessor(images)
         parts = []
-        for index in range(len(pixels)):
+        for index, pixels in enumerate(self.preprocessor.each(images)):
             self.encoder_runs += 1
             try:
-                out = self.vision.run([self.feature_output], {self.pixel_input: pixels[index : index + 1]})[0]
+                out = self.vision.run([self.feature_output], {self.pixel_input: pixels[None]})[0]
             except Exception as exc:  # onnxruntime's own error types
                 raise ModelLoadError(
-                    f"the vision encoder fails on image {index} (pixel values {pixels[index : index + 1].shape}): "
+                    f"the vision encoder fails on image {index} (pixel values {pixels[None].shape}): "
                     f"{exc}; check preprocessor_config.json's size against the encoder's input"
                 ) from exc
             parts.append(np.asarray(out, np.float32).reshape(-1, out.shape[-1]))
