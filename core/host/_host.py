@@ -520,9 +520,20 @@ class Sequence:
         self._fed = (first, parsed.size, parsed)
         return rows
 
-    # -- rows (decoctl.host.Rows): the role's batched buffer drives these on each of its rows -------------------------
-    def _check_settled(self, what: str) -> None:
-        """Refuse to copy or batch-step a row that still holds a whole tree (keep or rewind first)."""
+    # -- rows: what decoctl.host.Rows, the role's batched buffer, does to each of its rows. Not for controllers (a
+    # controller goes through Rows), so hidden from the API reference (pdoc's @private) and not promised by it
+    @property
+    def runner(self) -> Runner:
+        """The runner holding this row's KV cache (Rows hands runners round on a concatenated-cache model).
+
+        @private"""
+        return self._runner
+
+    def check_batchable(self, what: str) -> None:
+        """Refuse ``what`` (a copy or a batched step of this row) while the row still holds a whole tree: keep or
+        rewind first.
+
+        @private"""
         fed = self._fed
         if fed is not None and fed[2] is not None and not fed[2].is_chain:
             raise SequenceError(
@@ -530,22 +541,11 @@ class Sequence:
                 "keep(path) or rewind() on it first"
             )
 
-    def _check_steppable(self, row: int) -> None:
-        self._check_settled(f"step() on row {row}")
-        if self.length >= self.max_length:
-            raise SequenceError(
-                f"step() on role {self.role!r} row {row}: its KV cache is full ({self.max_length} positions); "
-                "release or rewind it"
-            )
-        if self.model.capabilities.feature_input is not None:
-            raise CapabilityError(
-                f"step() over several rows of role {self.role!r}: model {self.model.name} takes {FEATURES} per "
-                "token, which batched steps do not feed; forward each row with its features instead"
-            )
-
-    def _adopt_tokens(self, tokens: np.ndarray, images: ImageFeatures | None = None) -> None:
+    def adopt_tokens(self, tokens: np.ndarray, images: ImageFeatures | None = None) -> None:
         """The row's KV cache was replaced by another row's (fork, reorder): take that row's tokens (and the
-        images its prompt holds) too."""
+        images its prompt holds) too.
+
+        @private"""
         self._tokens[: len(tokens)] = tokens
         self._runner.images = images
         self._runner.adopt_tokens(tokens)
@@ -562,22 +562,28 @@ class Sequence:
     def images(self) -> ImageFeatures | None:
         return self._runner.images
 
-    def _copy_row(self, source: Sequence) -> None:
+    def copy_row_from(self, source: Sequence) -> None:
         """This row keeps a cache of its own (a concatenated-cache model) and takes a copy of ``source``'s: its KV,
-        and an encoder-decoder row's encoder output and cross-attention KV; its tokens too (fork)."""
-        self._runner.copy_from(source._runner)
-        self._adopt_tokens(source.tokens, source.images)
+        and an encoder-decoder row's encoder output and cross-attention KV; its tokens too (fork).
 
-    def _take_runner(self, runner: Runner, tokens: np.ndarray) -> None:
+        @private"""
+        self._runner.copy_from(source.runner)
+        self.adopt_tokens(source.tokens, source.images)
+
+    def take_runner(self, runner: Runner, tokens: np.ndarray) -> None:
         """This row continues another row of a concatenated-cache model (reorder): it takes that row's runner (its
-        cache) and ``tokens``, its tokens from before the reorder."""
+        cache) and ``tokens``, its tokens from before the reorder.
+
+        @private"""
         images = runner.images
         self._runner = runner
-        self._adopt_tokens(tokens, images)
+        self.adopt_tokens(tokens, images)
 
-    def _detach_outputs(self) -> None:
+    def detach_outputs(self) -> None:
         """Keep this row's outputs in arrays of its own: the batched step's buffer they view is about to be
-        rewritten by a step that passes over this row."""
+        rewritten by a step that passes over this row.
+
+        @private"""
         if self._logits is not None:
             self._logits = self._logits.copy()
         if self._hidden is not None:
@@ -585,8 +591,11 @@ class Sequence:
         if self._aux is not None:
             self._aux = self._aux.copy()
 
-    def _stepped(self, token: int, outputs: RunOutputs, seconds: float) -> None:
-        """A batched step fed ``token`` to this row and wrote its key and value at the row's length."""
+    def record_step(self, token: int, outputs: RunOutputs, seconds: float) -> None:
+        """A batched step fed ``token`` to this row and wrote its key and value at the row's length; ``outputs``:
+        this row's rows of the step's outputs, ``seconds``: its share of the step's time.
+
+        @private"""
         start = self._runner.kv.length
         self._runner.kv.advance(1)
         self._took(start, (token,), outputs, time.perf_counter() - seconds)

@@ -31,10 +31,11 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from decoctl.errors import ConfigError, SequenceError
+from decoctl.errors import CapabilityError, ConfigError, SequenceError
 from decoctl.host._host import Sequence
 from decoctl.model import _kv_rows as kv_rows
 from decoctl.model._batch_step import BatchStep
+from decoctl.model._capabilities import FEATURES
 from decoctl.model._kv_cache import ConcatKVCache, kv_dtype
 from decoctl.model._kv_rows import SharedKVRows
 from decoctl.model._loader import LoadedModel
@@ -127,7 +128,7 @@ class Rows:
                 f"fork({row}) on role {self.role!r}: all {self.capacity} rows are live; release one first, or ask "
                 "for more rows (the controller's rows option sizes the buffer)"
             )
-        source._check_settled(f"fork({row})")
+        source.check_batchable(f"fork({row})")
         sequence = self._new_row(free)
         self._copy_into(row, free, sequence)
         self._rows[free] = sequence
@@ -139,17 +140,17 @@ class Rows:
         from_row, to_row = self[source], self[destination]
         if source == destination:
             return
-        from_row._check_settled(f"copy({source}, {destination})")
-        to_row._check_settled(f"copy({source}, {destination})")
+        from_row.check_batchable(f"copy({source}, {destination})")
+        to_row.check_batchable(f"copy({source}, {destination})")
         self._copy_into(source, destination, to_row)
 
     def _copy_into(self, source: int, destination: int, sequence: Sequence) -> None:
         """Row ``destination``'s sequence takes row ``source``'s tokens and KV cache (fork, copy)."""
         if self._kv is None:
-            sequence._copy_row(self[source])
+            sequence.copy_row_from(self[source])
         else:
             self._kv.copy_row(source, destination)
-            sequence._adopt_tokens(self[source].tokens, self[source].images)
+            sequence.adopt_tokens(self[source].tokens, self[source].images)
 
     def release(self, row: int) -> None:
         """Free row ``row`` (not row 0, which is the role itself); its id may be reused by the next fork."""
@@ -182,7 +183,7 @@ class Rows:
         sources = [self[int(p)] for p in order]
         rows = [self[i] for i in range(len(order))]
         for sequence in (*sources, *rows):
-            sequence._check_settled("reorder()")
+            sequence.check_batchable("reorder()")
         tokens = [source.tokens.copy() for source in sources]
         images = [source.images for source in sources]
         if self._kv is None:
@@ -190,7 +191,7 @@ class Rows:
             return
         self._kv.gather_rows(order)
         for sequence, kept, held in zip(rows, tokens, images, strict=True):
-            sequence._adopt_tokens(kept, held)
+            sequence.adopt_tokens(kept, held)
 
     def _hand_round(self, parents: list[int], tokens: list[np.ndarray]) -> None:
         """reorder() where each row keeps a cache of its own, by handing runners round: a parent among rows 0..k-1
@@ -198,7 +199,7 @@ class Rows:
         runner of a row among 0..k-1 that no row continues, and a copy of its parent's state. A runner handed on or
         copied from is never written, so each row gets its parent's state from before the call."""
         k = len(parents)
-        runners = {row: self[row]._runner for row in {*parents, *range(k)}}
+        runners = {row: self[row].runner for row in {*parents, *range(k)}}
         given = {i: runners[i] for i, parent in enumerate(parents) if parent == i}
         moved = set(given)
         for i, parent in enumerate(parents):
@@ -211,7 +212,7 @@ class Rows:
                 given[i] = spare.pop()
                 given[i].copy_from(runners[parent])
         for i, kept in enumerate(tokens):
-            self[i]._take_runner(given[i], kept)
+            self[i].take_runner(given[i], kept)
 
     def step(self, tokens: Seq[int] | np.ndarray, rows: Seq[int] | None = None) -> np.ndarray:
         """Feed ``tokens[i]`` to row ``rows[i]`` (default: every live row in id order) in one onnxruntime Run (one
@@ -231,7 +232,7 @@ class Rows:
                 raise SequenceError(
                     f"step(): token {int(token)} for row {int(row)} is outside the vocabulary 0..{vocab - 1}"
                 )
-            sequence._check_steppable(int(row))
+            _check_steppable(sequence, int(row))
         if len(sequences) == 1 and self._kv is None:  # one row: the row's own one-token forward
             return np.asarray(sequences[0].forward((int(fed[0]),)))
         if self._kv is None:  # each row keeps a cache of its own: one Run per row
@@ -248,7 +249,7 @@ class Rows:
         for passed in self._aliased - stepped:
             other = self._rows[passed] if passed < span else None
             if other is not None:
-                other._detach_outputs()
+                other.detach_outputs()
         self._aliased = stepped
         begin = time.perf_counter()
         self._kv.before_step(span)
@@ -259,8 +260,24 @@ class Rows:
             r = int(row)
             hidden = None if outputs.hidden is None else outputs.hidden[r : r + 1]
             aux = None if outputs.aux is None else outputs.aux[r : r + 1]
-            sequence._stepped(int(token), RunOutputs(outputs.logits[r : r + 1], hidden, aux), seconds / len(ids))
+            sequence.record_step(int(token), RunOutputs(outputs.logits[r : r + 1], hidden, aux), seconds / len(ids))
         return outputs.logits[ids] if not np.array_equal(ids, np.arange(span)) else outputs.logits
+
+
+def _check_steppable(sequence: Sequence, row: int) -> None:
+    """Refuse a batched step of row ``row``: one holding a whole tree, a full one, or one of a draft head (which
+    takes features per token, which batched steps do not feed)."""
+    sequence.check_batchable(f"step() on row {row}")
+    if sequence.length >= sequence.max_length:
+        raise SequenceError(
+            f"step() on role {sequence.role!r} row {row}: its KV cache is full ({sequence.max_length} positions); "
+            "release or rewind it"
+        )
+    if sequence.model.capabilities.feature_input is not None:
+        raise CapabilityError(
+            f"step() over several rows of role {sequence.role!r}: model {sequence.model.name} takes {FEATURES} per "
+            "token, which batched steps do not feed; forward each row with its features instead"
+        )
 
 
 def _check_memory(role: str, model: LoadedModel, capacity: int, row_bytes: int, length: int) -> None:
