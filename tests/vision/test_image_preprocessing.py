@@ -230,11 +230,35 @@ def test_a_transparent_png_by_path_loses_its_alpha_and_as_a_pil_image_is_composi
     assert np.array_equal(by_path, decoctl.each([picture.convert("RGB")])[0])
 
 
-@pytest.mark.parametrize("off", [False, None])
+#: google/gemma-3-*-it's preprocessor_config.json (at 16 pixels where it says 896): its do_convert_rgb is null
+GEMMA3_PUBLISHED = {
+    "do_convert_rgb": None,
+    "do_normalize": True,
+    "do_pan_and_scan": None,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "Gemma3ImageProcessor",
+    "image_seq_length": 256,
+    "image_std": [0.5, 0.5, 0.5],
+    "pan_and_scan_max_num_crops": None,
+    "pan_and_scan_min_crop_size": None,
+    "pan_and_scan_min_ratio_to_activate": None,
+    "processor_class": "Gemma3Processor",
+    "resample": 2,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"height": 16, "width": 16},
+}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{**LLAVA_HF, "do_convert_rgb": False}, {**LLAVA_HF, "do_convert_rgb": None}, GEMMA3_PUBLISHED],
+    ids=["llava-hf, false", "llava-hf, null", "Gemma 3 as published (null)"],
+)
 def test_without_do_convert_rgb_three_band_images_equal_transformers_and_others_are_refused(
-    off: bool | None, tmp_path: Path
+    config: dict[str, Any], tmp_path: Path
 ) -> None:
-    config = {**LLAVA_HF, "do_convert_rgb": off}
     transformers = oracle(tmp_path, config)
     decoctl = ImagePreprocessor.from_config(config)
     gaps = {}
