@@ -248,7 +248,7 @@ class ImagePreprocessor:
         come out the same size."""
         pixels = self.each(images)
         if len({p.shape for p in pixels}) > 1:
-            shapes = ", ".join("x".join(map(str, p.shape[1:])) for p in pixels)
+            shapes = ", ".join(f"{p.shape[2]}x{p.shape[1]}" for p in pixels)
             raise ConfigError(
                 f"the images come out in different sizes ({shapes}) under {self.processor}'s settings: give them one "
                 "at a time, or resize them alike"

@@ -381,3 +381,13 @@ def test_settings_that_are_off_or_null_are_accepted() -> None:
     )
 
     assert preprocessor.crop == (224, 224)  # CLIP's default: a missing do_center_crop means crop
+
+
+def test_images_stacked_together_must_come_out_the_same_size() -> None:
+    preprocessor = ImagePreprocessor.from_config(CONFIGS["CLIP max_height/max_width"])
+    pictures = [image("RGB", (40, 20)), image("RGB", (20, 40))]
+
+    assert [p.shape for p in preprocessor.each(pictures)] == [(3, 15, 30), (3, 20, 10)]
+    with pytest.raises(ConfigError, match=r"come out in different sizes \(30x15, 10x20\)"):
+        preprocessor(pictures)
+    assert preprocessor(pictures[:1]).shape == (1, 3, 15, 30)
