@@ -53,6 +53,8 @@ import numpy as np
 from decoctl.errors import ConfigError
 from decoctl.model._capabilities import FEATURES
 from decoctl.model._genai_layout import builder_decoder_section
+from decoctl.model._graph_builder import GraphBuilder, rotary_tables, save_model
+from decoctl.model._graph_builder import inverse_frequencies as _base_frequencies
 
 __all__ = [
     "ARCHITECTURES",
@@ -75,12 +77,6 @@ EAGLE3 = "eagle-3"
 ARCHITECTURES = (EAGLE1, EAGLE3)
 MODEL_TYPE = "eagle"
 LAYER = "layers.0."
-
-_IR_VERSION = 10  # onnxruntime 1.31 rejects the IR version onnx.helper writes by default
-_OPSET = 21
-_MS_DOMAIN = "com.microsoft"
-#: above this many bytes of weights the graph keeps them in model.onnx.data (protobuf stops at 2 GiB)
-_EXTERNAL_DATA_BYTES = 1 << 30
 
 
 @attrs.frozen(kw_only=True)
@@ -187,7 +183,7 @@ def layer_weight_names() -> tuple[str, ...]:
 
 def inverse_frequencies(dims: HeadDims) -> np.ndarray:
     """float64[head_size / 2], with the config's rope_scaling applied ("linear" and Llama 3.1's "llama3")."""
-    inv = dims.rope_theta ** (-np.arange(0, dims.head_size, 2, dtype=np.float64) / dims.head_size)
+    inv = _base_frequencies(dims.head_size, dims.rope_theta)
     scaling = dict(dims.rope_scaling or {})
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind in ("default", None):
@@ -211,57 +207,20 @@ def inverse_frequencies(dims: HeadDims) -> np.ndarray:
     )
 
 
-def _rotary_tables(dims: HeadDims, max_length: int) -> tuple[np.ndarray, np.ndarray]:
-    angles = np.outer(np.arange(max_length, dtype=np.float64), inverse_frequencies(dims))
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-
-
 # ------------------------------------------------------------------------------------------------ the graph
 
 
-class _Graph:
-    """Nodes and initializers; each op returns its output's name."""
+def _linear(g: GraphBuilder, x: str, weights: Mapping[str, np.ndarray], key: str, name: str) -> str:
+    """x @ W.T (+ bias when the weights hold ``key``'s bias): torch's layout, stored as MatMul takes it."""
+    y = g.op("MatMul", [x, g.tensor(key, _f32(weights[key]).T)], f"{name}/MatMul")
+    bias = key.removesuffix(".weight") + ".bias"
+    if bias in weights:
+        y = g.op("Add", [y, g.tensor(bias, _f32(weights[bias]))], f"{name}/Add")
+    return y
 
-    def __init__(self) -> None:
-        from onnx import helper, numpy_helper
 
-        self._helper, self._numpy_helper = helper, numpy_helper
-        self.nodes: list[Any] = []
-        self.initializers: list[Any] = []
-        self._stored: set[str] = set()
-
-    def tensor(self, name: str, array: np.ndarray) -> str:
-        if name not in self._stored:
-            self._stored.add(name)
-            self.initializers.append(self._numpy_helper.from_array(np.ascontiguousarray(array), name))
-        return name
-
-    def ints(self, *values: int) -> str:
-        return self.tensor(f"/const/int64/{list(values)}", np.array(values, dtype=np.int64))
-
-    def scalar_int(self, value: int) -> str:
-        return self.tensor(f"/const/int64/{value}", np.array(value, dtype=np.int64))
-
-    def op(self, op_type: str, inputs: list[str], name: str, *, output: str | None = None, **attributes: Any) -> str:
-        return self.ops(op_type, inputs, name, outputs=[output or f"{name}/output_0"], **attributes)[0]
-
-    def ops(
-        self, op_type: str, inputs: list[str], name: str, *, outputs: list[str], domain: str = "", **attributes: Any
-    ) -> list[str]:
-        self.nodes.append(self._helper.make_node(op_type, inputs, outputs, name=name, domain=domain, **attributes))
-        return outputs
-
-    def linear(self, x: str, weights: Mapping[str, np.ndarray], key: str, name: str) -> str:
-        """x @ W.T (+ bias when the weights hold ``key``'s bias)."""
-        y = self.op("MatMul", [x, self.tensor(key, _f32(weights[key]).T)], f"{name}/MatMul")
-        bias = key.removesuffix(".weight") + ".bias"
-        if bias in weights:
-            y = self.op("Add", [y, self.tensor(bias, _f32(weights[bias]))], f"{name}/Add")
-        return y
-
-    def rms_norm(self, x: str, weights: Mapping[str, np.ndarray], key: str, eps: float, name: str) -> str:
-        scale = self.tensor(key, _f32(weights[key]))
-        return self.op("SimplifiedLayerNormalization", [x, scale], name, axis=-1, epsilon=float(eps), stash_type=1)
+def _norm(g: GraphBuilder, x: str, weights: Mapping[str, np.ndarray], key: str, eps: float, name: str) -> str:
+    return g.rms_norm(x, g.tensor(key, _f32(weights[key])), eps, name)
 
 
 def _f32(array: np.ndarray) -> np.ndarray:
@@ -288,117 +247,54 @@ def draft_ids(dims: HeadDims, weights: Mapping[str, np.ndarray]) -> np.ndarray |
 
 def head_graph(dims: HeadDims, weights: Mapping[str, np.ndarray], *, max_length: int, tree_inputs: bool = True) -> Any:
     """The head's onnx.ModelProto (see the module docstring). ``weights``: every name of ``dims.shapes()``."""
-    from onnx import TensorProto, helper
-
-    g = _Graph()
+    g = GraphBuilder()
     h = dims.hidden
-    # GroupQueryAttention's lengths from the attention mask, node for node as onnxruntime-genai's builder writes
-    # them (decoctl.model.graph._fed_lengths then feeds them directly)
-    mask = "/model/attn_mask_reformat"
-    summed = g.op("ReduceSum", ["attention_mask", g.ints(1)], f"{mask}/ReduceSum", keepdims=0)
-    seqlens = g.op("Sub", [summed, g.scalar_int(1)], f"{mask}/Sub")
-    seqlens_k = g.op("Cast", [seqlens], f"{mask}/Sub/Cast", to=TensorProto.INT32)
-    shape = g.op("Shape", ["attention_mask"], f"{mask}/Shape")
-    width = g.op("Gather", [shape, g.scalar_int(1)], f"{mask}/Gather", axis=0)
-    total_length = g.op("Cast", [width], f"{mask}/Gather/Cast", to=TensorProto.INT32)
-
+    seqlens_k, total_length = g.attention_lengths()
     embedded = g.op(
         "Gather", [g.tensor("embed_tokens.weight", _f32(weights["embed_tokens.weight"])), "input_ids"], "/embed"
     )
     if dims.architecture == EAGLE1:
         joined = g.op("Concat", [embedded, FEATURES], "/eagle/Concat", axis=-1)
-        attention_in = residual = g.linear(joined, weights, "fc.weight", "/eagle/fc")  # with fc.bias
+        attention_in = residual = _linear(g, joined, weights, "fc.weight", "/eagle/fc")  # with fc.bias
     else:
         taps = g.op("Slice", [FEATURES, g.ints(0), g.ints(3 * h), g.ints(-1)], "/eagle/Taps")
         own = g.op("Slice", [FEATURES, g.ints(3 * h), g.ints(4 * h), g.ints(-1)], "/eagle/Own")
-        x = g.op("Add", [g.linear(taps, weights, "fc.weight", "/eagle/fc"), own], "/eagle/Feature")
-        normed_embedding = g.rms_norm(embedded, weights, LAYER + "input_layernorm.weight", dims.rms_eps, "/eagle/in")
-        normed_feature = g.rms_norm(x, weights, LAYER + "hidden_norm.weight", dims.rms_eps, "/eagle/hidden_norm")
+        x = g.op("Add", [_linear(g, taps, weights, "fc.weight", "/eagle/fc"), own], "/eagle/Feature")
+        normed_embedding = _norm(g, embedded, weights, LAYER + "input_layernorm.weight", dims.rms_eps, "/eagle/in")
+        normed_feature = _norm(g, x, weights, LAYER + "hidden_norm.weight", dims.rms_eps, "/eagle/hidden_norm")
         attention_in = g.op("Concat", [normed_embedding, normed_feature], "/eagle/Joined", axis=-1)
         residual = x
 
     p = "/model/layers.0"
-    q = g.linear(attention_in, weights, LAYER + "self_attn.q_proj.weight", f"{p}/attn/q_proj")
-    k = g.linear(attention_in, weights, LAYER + "self_attn.k_proj.weight", f"{p}/attn/k_proj")
-    v = g.linear(attention_in, weights, LAYER + "self_attn.v_proj.weight", f"{p}/attn/v_proj")
-    cos_table, sin_table = _rotary_tables(dims, max_length)
+    q = _linear(g, attention_in, weights, LAYER + "self_attn.q_proj.weight", f"{p}/attn/q_proj")
+    k = _linear(g, attention_in, weights, LAYER + "self_attn.k_proj.weight", f"{p}/attn/k_proj")
+    v = _linear(g, attention_in, weights, LAYER + "self_attn.v_proj.weight", f"{p}/attn/v_proj")
+    cos_table, sin_table = rotary_tables(inverse_frequencies(dims), max_length)
     tree = ["position_ids", "attention_bias"] if tree_inputs else []
-    attention = f"{p}/attn/GroupQueryAttention"
-    context = g.ops(
-        "GroupQueryAttention",
-        [
-            q,
-            k,
-            v,
-            "past_key_values.0.key",
-            "past_key_values.0.value",
-            seqlens_k,
-            total_length,
-            g.tensor("cos_cache", cos_table),
-            g.tensor("sin_cache", sin_table),
-            *tree,
-        ],
-        attention,
-        outputs=[f"{attention}/output_0", "present.0.key", "present.0.value"],
-        domain=_MS_DOMAIN,
-        num_heads=dims.num_heads,
-        kv_num_heads=dims.num_kv_heads,
-        do_rotary=1,
-        rotary_interleaved=0,
-        scale=float(dims.head_size**-0.5),
-    )[0]
-    out = g.linear(context, weights, LAYER + "self_attn.o_proj.weight", f"{p}/attn/o_proj")
+    shared = [seqlens_k, total_length, g.tensor("cos_cache", cos_table), g.tensor("sin_cache", sin_table), *tree]
+    context = g.group_query_attention(
+        0, q, k, v, shared, num_heads=dims.num_heads, num_kv_heads=dims.num_kv_heads, head_size=dims.head_size
+    )
+    out = _linear(g, context, weights, LAYER + "self_attn.o_proj.weight", f"{p}/attn/o_proj")
     x = g.op("Add", [residual, out], f"{p}/attn/Residual")
-    normed = g.rms_norm(x, weights, LAYER + "post_attention_layernorm.weight", dims.rms_eps, f"{p}/post_norm")
-    gate = g.linear(normed, weights, LAYER + "mlp.gate_proj.weight", f"{p}/mlp/gate_proj")
-    silu = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}/mlp/Sigmoid")], f"{p}/mlp/SiLU")
-    up = g.linear(normed, weights, LAYER + "mlp.up_proj.weight", f"{p}/mlp/up_proj")
-    down = g.linear(g.op("Mul", [silu, up], f"{p}/mlp/GateMul"), weights, LAYER + "mlp.down_proj.weight", f"{p}/mlp")
+    normed = _norm(g, x, weights, LAYER + "post_attention_layernorm.weight", dims.rms_eps, f"{p}/post_norm")
+    gate = _linear(g, normed, weights, LAYER + "mlp.gate_proj.weight", f"{p}/mlp/gate_proj")
+    up = _linear(g, normed, weights, LAYER + "mlp.up_proj.weight", f"{p}/mlp/up_proj")
+    down = _linear(g, g.gated(gate, up, f"{p}/mlp"), weights, LAYER + "mlp.down_proj.weight", f"{p}/mlp")
     x = g.op("Add", [x, down], f"{p}/mlp/Residual")
     g.op("Identity", [x], "/eagle/hidden_states", output="hidden_states")
 
-    head_in = x if dims.architecture == EAGLE1 else g.rms_norm(x, weights, "norm.weight", dims.rms_eps, "/model/norm")
+    head_in = x if dims.architecture == EAGLE1 else _norm(g, x, weights, "norm.weight", dims.rms_eps, "/model/norm")
     lm_head = g.tensor("lm_head.weight", _f32(weights["lm_head.weight"]).T)
     ids = draft_ids(dims, weights)
     if ids is None:
         g.op("MatMul", [head_in, lm_head], "/lm_head/MatMul", output="logits")
     else:
-        small = g.op("MatMul", [head_in, lm_head], "/lm_head/MatMul")
-        small_shape = g.op("Shape", [small], "/lm_head/Shape")
-        leading = g.op("Slice", [small_shape, g.ints(0), g.ints(2), g.ints(0)], "/lm_head/Leading")
-        full_shape = g.op("Concat", [leading, g.ints(dims.vocab)], "/lm_head/FullShape", axis=0)
-        fill = g.tensor("/lm_head/neg_inf", np.array([-np.inf], np.float32))
-        rows = g.op("Expand", [fill, full_shape], "/lm_head/Fill")
-        index = g.op("Expand", [g.tensor("draft_ids", ids.reshape(1, 1, -1)), small_shape], "/lm_head/Index")
-        g.op("ScatterElements", [rows, index, small], "/lm_head/Scatter", output="logits", axis=2)
-
-    def value(name: str, elem_type: int, shape: list[int | str]) -> Any:
-        return helper.make_tensor_value_info(name, elem_type, shape)
-
-    kv_shape: list[int | str] = ["batch_size", dims.num_kv_heads, "past_sequence_length", dims.head_size]
-    present_shape: list[int | str] = ["batch_size", dims.num_kv_heads, "total_sequence_length", dims.head_size]
-    inputs = [
-        value("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
-        value(FEATURES, TensorProto.FLOAT, ["batch_size", "sequence_length", dims.feature_size]),
-        value("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
-    ]
-    if tree_inputs:
-        inputs.append(value("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
-        bias_shape: list[int | str] = ["batch_size", 1, "sequence_length", "total_sequence_length"]
-        inputs.append(value("attention_bias", TensorProto.FLOAT, bias_shape))
-    inputs += [
-        value("past_key_values.0.key", TensorProto.FLOAT, kv_shape),
-        value("past_key_values.0.value", TensorProto.FLOAT, kv_shape),
-    ]
-    outputs = [
-        value("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", dims.vocab]),
-        value("present.0.key", TensorProto.FLOAT, present_shape),
-        value("present.0.value", TensorProto.FLOAT, present_shape),
-        value("hidden_states", TensorProto.FLOAT, ["batch_size", "sequence_length", h]),
-    ]
-    graph = helper.make_graph(g.nodes, f"decoctl_{dims.architecture}_head", inputs, outputs, g.initializers)
-    opsets = [helper.make_opsetid("", _OPSET), helper.make_opsetid(_MS_DOMAIN, 1)]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=_IR_VERSION, producer_name="decoctl-eagle")
+        g.scattered_logits(g.op("MatMul", [head_in, lm_head], "/lm_head/MatMul"), ids, dims.vocab, "draft_ids")
+    sizes = {"num_layers": 1, "num_kv_heads": dims.num_kv_heads, "head_size": dims.head_size}
+    inputs = g.decoder_inputs(**sizes, tree_inputs=tree_inputs, features=dims.feature_size)
+    outputs = g.decoder_outputs(**sizes, vocab=dims.vocab, hidden_states=h)
+    return g.model(inputs, outputs, name=f"decoctl_{dims.architecture}_head", producer="decoctl-eagle")
 
 
 def write_head(
@@ -446,22 +342,11 @@ def save_head(
     :param target_dir: the target's onnxruntime-genai folder (genai_config.json, tokenizer files).
     :returns: the folder.
     """
-    import onnx
-
     target = Path(target_dir)
     target_model = _target_model(target)
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("model.onnx", "model.onnx.data"):
-        (out / stale).unlink(missing_ok=True)
-    large = sum(t.ByteSize() for t in model.graph.initializer) > _EXTERNAL_DATA_BYTES
-    onnx.save_model(
-        model,
-        str(out / "model.onnx"),
-        save_as_external_data=large,
-        all_tensors_to_one_file=True,
-        location="model.onnx.data",
-    )
+    save_model(model, out / "model.onnx")
     config = _genai_config(dims, target_model, max_length, tree_inputs)
     config["decoctl"] = {**dims.to_json(), **(record or {})}
     (out / "genai_config.json").write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")

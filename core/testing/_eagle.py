@@ -46,7 +46,6 @@ from onnx import numpy_helper
 from decoctl.model._capabilities import FEATURES
 from decoctl.model.eagle_graph import EAGLE1, EAGLE3, HeadDims, save_head, write_head
 from decoctl.testing._models import (
-    _FLOAT,
     LOGIT_STD,
     RMS_EPS,
     ROPE_THETA,
@@ -56,12 +55,10 @@ from decoctl.testing._models import (
     _genai_inputs,
     _genai_outputs,
     _gqa_attention,
-    _gqa_lengths,
     _Graph,
     _lm_head,
     _rms_norm,
     _rotary_tables,
-    _value,
 )
 
 __all__ = [
@@ -227,7 +224,7 @@ def eagle_head_model(
     dims = _Dims(1, hidden, num_heads, num_kv_heads, vocab, max_length)
     dims.check()
     g = _Graph({name: np.asarray(value, np.float32) for name, value in weights.items() if name != DRAFT_IDS})
-    seqlens_k, total_length = _gqa_lengths(g)
+    seqlens_k, total_length = g.attention_lengths()
     cos_table, sin_table = _rotary_tables(dims)
     cos, sin = g.tensor("cos_cache", cos_table), g.tensor("sin_cache", sin_table)
     tree = ("position_ids", "attention_bias") if tree_inputs else ()
@@ -239,9 +236,8 @@ def eagle_head_model(
         _lm_head(g, residuals[-1], fused=True, hidden_states=True, last_only=False)
     else:
         _draft_lm_head(g, residuals[-1], np.asarray(draft_ids, np.int64), vocab)
-    inputs = _genai_inputs(dims, tree_inputs)
-    inputs.insert(1, _value(FEATURES, _FLOAT, ["batch_size", "sequence_length", hidden]))
-    return g.model(inputs, _genai_outputs(dims, True, (), False))
+    inputs = _genai_inputs(g, dims, tree_inputs, features=hidden)
+    return g.llama(inputs, _genai_outputs(g, dims, True, (), False))
 
 
 def _check_draft_ids(draft_ids: np.ndarray | None, vocab: int) -> None:
@@ -325,15 +321,7 @@ def _draft_lm_head(g: _Graph, x: str, draft_ids: np.ndarray, vocab: int) -> None
     """Final norm (the ``hidden_states`` output), the lm_head over the draft vocabulary, and its n logits scattered
     into -inf rows of the target's width (the ``logits`` output)."""
     h = _rms_norm(g, x, "final_norm", "/model/norm", fused=True, output="hidden_states")
-    small = g.op("MatMul", [h, g.weight("lm_head")], "/lm_head/MatMul")
-    shape = g.op("Shape", [small], "/lm_head/Shape")
-    leading = g.op("Slice", [shape, g.ints(0), g.ints(2), g.ints(0)], "/lm_head/Leading")
-    full_shape = g.op("Concat", [leading, g.ints(vocab)], "/lm_head/FullShape", axis=0)
-    fill = g.tensor("/lm_head/neg_inf", np.array([-np.inf], np.float32))
-    rows = g.op("Expand", [fill, full_shape], "/lm_head/Fill")
-    ids = g.tensor("model.draft_ids", draft_ids.reshape(1, 1, -1))
-    index = g.op("Expand", [ids, shape], "/lm_head/Index")
-    g.op("ScatterElements", [rows, index, small], "/lm_head/Scatter", output="logits", axis=2)
+    g.scattered_logits(g.matmul(h, "lm_head", "/lm_head/MatMul"), draft_ids, vocab, "model.draft_ids")
 
 
 def _random_head_weights(hidden: int, heads: int, kv_heads: int, seed: int) -> dict[str, np.ndarray]:

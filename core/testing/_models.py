@@ -1,4 +1,5 @@
-"""Tiny random-weight Llama-style causal LMs in the two ONNX layouts decoctl loads, built without torch.
+"""Tiny random-weight Llama-style causal LMs in the two ONNX layouts decoctl loads, built without torch by
+decoctl.model's graph builder (decoctl.model._graph_builder, which writes every EAGLE head too).
 
 Both builders draw the same weights from the same seed and sizes, so a genai model and an Optimum model built
 with equal arguments (and equal ``num_kv_heads``) compute the same function: that cross-checks the
@@ -16,15 +17,15 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from decoctl.model._capabilities import FEATURES
 from decoctl.model._genai_layout import builder_decoder_section
+from decoctl.model._graph_builder import GraphBuilder, inverse_frequencies, rotary_tables, save_model
 from decoctl.model.graph import TAP_LAYERS_KEY
 from decoctl.testing._tokenizer import (
     BOS_TOKEN_ID,
@@ -42,9 +43,6 @@ __all__ = [
     "top2_gap",
 ]
 
-IR_VERSION = 10  # onnxruntime 1.31 rejects IR 14, which onnx.helper writes by default
-OPSET = 21
-MS_DOMAIN = "com.microsoft"
 ROPE_THETA = 10000.0
 RMS_EPS = 1e-5
 LOGIT_STD = 2.5
@@ -157,7 +155,7 @@ def build_genai_model(
     )
     if taps:
         helper.set_model_props(model, {TAP_LAYERS_KEY: ",".join(map(str, taps))})
-    onnx.save_model(model, folder / "model.onnx")
+    save_model(model, folder / "model.onnx")
     _write_json(folder / "genai_config.json", _genai_config(dims, eos_token_id, tree_inputs))
     return folder
 
@@ -198,7 +196,7 @@ def build_optimum_model(
     dims.check()
     model = _optimum_graph(_random_weights(dims, seed), dims, position_ids)
     onnx.checker.check_model(model)
-    onnx.save_model(model, folder / "model.onnx")
+    save_model(model, folder / "model.onnx")
     _write_json(folder / "config.json", _hf_config(dims, eos_token_id))
     _write_json(
         folder / "generation_config.json",
@@ -397,80 +395,28 @@ def _random_weights(dims: _Dims, seed: int) -> dict[str, np.ndarray]:
 
 def _rotary_tables(dims: _Dims) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of position * inverse frequency: float32[max_length, head_size / 2] each."""
-    inv_freq = ROPE_THETA ** (-np.arange(0, dims.head_size, 2, dtype=np.float64) / dims.head_size)
-    angles = np.outer(np.arange(dims.max_length, dtype=np.float64), inv_freq)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    return rotary_tables(inverse_frequencies(dims.head_size, ROPE_THETA), dims.max_length)
 
 
 # ---------------------------------------------------------------------------------------------- graph kit
 
 
-class _Graph:
-    """Collects nodes and initializers; each op returns the names of its outputs."""
+class _Graph(GraphBuilder):
+    """decoctl.model's graph builder over a model's weights (float32, laid out as MatMul takes them), each stored as
+    ``model.<key>`` when first used."""
 
     def __init__(self, weights: dict[str, np.ndarray]) -> None:
+        super().__init__()
         self.weights = weights
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
-        self._stored: set[str] = set()
-
-    def tensor(self, name: str, array: np.ndarray) -> str:
-        """Store an initializer once; return its name."""
-        if name not in self._stored:
-            self._stored.add(name)
-            self.initializers.append(numpy_helper.from_array(array, name))
-        return name
 
     def weight(self, key: str) -> str:
         return self.tensor(f"model.{key}", self.weights[key])
 
-    def ints(self, *values: int) -> str:
-        """An int64[len(values)] constant."""
-        return self.tensor(f"/const/int64/{list(values)}", np.array(values, dtype=np.int64))
-
-    def scalar_int(self, value: int) -> str:
-        return self.tensor(f"/const/int64/{value}", np.array(value, dtype=np.int64))
-
-    def scalar_float(self, value: float) -> str:
-        return self.tensor(f"/const/float/{value}", np.array(value, dtype=np.float32))
-
-    def ops(
-        self,
-        op_type: str,
-        inputs: Sequence[str],
-        name: str,
-        *,
-        outputs: Sequence[str] | int = 1,
-        domain: str = "",
-        **attrs: Any,
-    ) -> list[str]:
-        """Add one node; ``outputs`` is a count (names derived from ``name``) or the explicit names."""
-        names = [f"{name}/output_{k}" for k in range(outputs)] if isinstance(outputs, int) else list(outputs)
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=name, domain=domain, **attrs))
-        return names
-
-    def op(self, op_type: str, inputs: Sequence[str], name: str, *, output: str | None = None, **attrs: Any) -> str:
-        """Add a one-output node; return its output name."""
-        return self.ops(op_type, inputs, name, outputs=[output] if output else 1, **attrs)[0]
-
     def matmul(self, x: str, key: str, name: str) -> str:
         return self.op("MatMul", [x, self.weight(key)], name)
 
-    def model(self, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, "decoctl_tiny_llama", inputs, outputs, self.initializers)
-        opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)]
-        return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name="decoctl.testing")
-
-
-def _value(name: str, elem_type: int, shape: Sequence[int | str]) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem_type, list(shape))
-
-
-def _kv_values(dims: _Dims, pattern: str, length: str) -> list[onnx.ValueInfoProto]:
-    """Value infos of every layer's key and value cache: float32[batch_size, kv, length, head_size]."""
-    shape: list[int | str] = ["batch_size", dims.num_kv_heads, length, dims.head_size]
-    names = [pattern % (i, kind) for i in range(dims.num_layers) for kind in ("key", "value")]
-    return [_value(name, _FLOAT, shape) for name in names]
+    def llama(self, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+        return self.model(inputs, outputs, name="decoctl_tiny_llama", producer="decoctl.testing")
 
 
 # ---------------------------------------------------------------------------------------------- shared body
@@ -479,15 +425,7 @@ def _kv_values(dims: _Dims, pattern: str, length: str) -> list[onnx.ValueInfoPro
 def _rms_norm(g: _Graph, x: str, key: str, name: str, *, fused: bool, output: str | None = None) -> str:
     """RMSNorm over the last axis: SimplifiedLayerNormalization (as the model builder) or plain ops."""
     if fused:
-        return g.op(
-            "SimplifiedLayerNormalization",
-            [x, g.weight(key)],
-            name,
-            output=output,
-            axis=-1,
-            epsilon=RMS_EPS,
-            stash_type=1,
-        )
+        return g.rms_norm(x, g.weight(key), RMS_EPS, name, output=output)
     mean_square = g.op("ReduceMean", [g.op("Mul", [x, x], f"{name}/Square"), g.ints(-1)], f"{name}/Mean")
     variance = g.op("Add", [mean_square, g.scalar_float(RMS_EPS)], f"{name}/AddEps")
     rms = g.op("Sqrt", [variance], f"{name}/Sqrt")
@@ -499,9 +437,8 @@ def _mlp(g: _Graph, x: str, layer: int, name: str) -> str:
     """down(silu(gate(x)) * up(x)): [B, S, hidden] -> [B, S, hidden]."""
     p = f"layers.{layer}."
     gate = g.matmul(x, p + "gate_proj", f"{name}/gate_proj")
-    silu = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{name}/Sigmoid")], f"{name}/SiLU")
     up = g.matmul(x, p + "up_proj", f"{name}/up_proj")
-    return g.matmul(g.op("Mul", [silu, up], f"{name}/GateMul"), p + "down_proj", f"{name}/down_proj")
+    return g.matmul(g.gated(gate, up, name), p + "down_proj", f"{name}/down_proj")
 
 
 def _decoder_layers(g: _Graph, dims: _Dims, x: str, attention: _Attention, *, fused: bool) -> list[str]:
@@ -548,7 +485,7 @@ def _genai_graph(
     ring_cache: bool = False,
 ) -> onnx.ModelProto:
     g = _Graph(weights)
-    seqlens_k, total_length = _gqa_lengths(g)
+    seqlens_k, total_length = g.attention_lengths()
     cos_table, sin_table = _rotary_tables(dims)
     cos, sin = g.tensor("cos_cache", cos_table), g.tensor("sin_cache", sin_table)
     tree = ("position_ids", "attention_bias") if tree_inputs else ()
@@ -561,19 +498,7 @@ def _genai_graph(
         entering = [embedded, *residuals]  # entry i: the residual stream entering decoder layer i
         tapped = [entering[t] for t in taps]
         g.op("Concat", tapped, "/model/aux_hidden_states", output="aux_hidden_states", axis=-1)
-    return g.model(_genai_inputs(dims, tree_inputs), _genai_outputs(dims, hidden_states, taps, last_only))
-
-
-def _gqa_lengths(g: _Graph) -> tuple[str, str]:
-    """seqlens_k int32[batch] = ReduceSum(attention_mask, axis 1) - 1; total_sequence_length int32 scalar."""
-    name = "/model/attn_mask_reformat"
-    summed = g.op("ReduceSum", ["attention_mask", g.ints(1)], f"{name}/ReduceSum", keepdims=0)
-    seqlens = g.op("Sub", [summed, g.scalar_int(1)], f"{name}/Sub")
-    seqlens_k = g.op("Cast", [seqlens], f"{name}/Sub/Cast", to=TensorProto.INT32)
-    shape = g.op("Shape", ["attention_mask"], f"{name}/Shape")
-    width = g.op("Gather", [shape, g.scalar_int(1)], f"{name}/Gather", axis=0)
-    total_length = g.op("Cast", [width], f"{name}/Gather/Cast", to=TensorProto.INT32)
-    return seqlens_k, total_length
+    return g.llama(_genai_inputs(g, dims, tree_inputs), _genai_outputs(g, dims, hidden_states, taps, last_only))
 
 
 def _gqa_attention(
@@ -583,57 +508,39 @@ def _gqa_attention(
     ``local_window_size`` on every layer but the last, and ``sliding_window_cache`` there with ``ring_cache``)."""
 
     def attend(layer: int, q: str, k: str, v: str) -> str:
-        windowed = local_window_size is not None and layer < dims.num_layers - 1
         window: dict[str, int] = {}
-        if windowed:
-            assert local_window_size is not None
+        if local_window_size is not None and layer < dims.num_layers - 1:
             window["local_window_size"] = local_window_size
             if ring_cache:
                 window["sliding_window_cache"] = 1
-        name = f"/model/layers.{layer}/attn/GroupQueryAttention"
-        inputs = [q, k, v, f"past_key_values.{layer}.key", f"past_key_values.{layer}.value", *shared_inputs]
-        outputs = [f"{name}/output_0", f"present.{layer}.key", f"present.{layer}.value"]
-        return g.ops(
-            "GroupQueryAttention",
-            inputs,
-            name,
-            outputs=outputs,
-            domain=MS_DOMAIN,
-            num_heads=dims.num_heads,
-            kv_num_heads=dims.num_kv_heads,
-            do_rotary=1,
-            rotary_interleaved=0,
-            scale=float(dims.head_size**-0.5),
-            **window,
-        )[0]
+        sizes = {"num_heads": dims.num_heads, "num_kv_heads": dims.num_kv_heads, "head_size": dims.head_size}
+        return g.group_query_attention(layer, q, k, v, shared_inputs, **sizes, **window)
 
     return attend
 
 
-def _genai_inputs(dims: _Dims, tree_inputs: bool) -> list[onnx.ValueInfoProto]:
-    inputs = [
-        _value("input_ids", _INT64, ["batch_size", "sequence_length"]),
-        _value("attention_mask", _INT64, ["batch_size", "total_sequence_length"]),
-    ]
-    if tree_inputs:
-        inputs.append(_value("position_ids", _INT64, ["batch_size", "sequence_length"]))
-        shape: list[int | str] = ["batch_size", 1, "sequence_length", "total_sequence_length"]
-        inputs.append(_value("attention_bias", _FLOAT, shape))
-    return inputs + _kv_values(dims, "past_key_values.%d.%s", "past_sequence_length")
+def _genai_inputs(g: _Graph, dims: _Dims, tree_inputs: bool, features: int | None = None) -> list[onnx.ValueInfoProto]:
+    return g.decoder_inputs(
+        num_layers=dims.num_layers,
+        num_kv_heads=dims.num_kv_heads,
+        head_size=dims.head_size,
+        tree_inputs=tree_inputs,
+        features=features,
+    )
 
 
 def _genai_outputs(
-    dims: _Dims, hidden_states: bool, taps: tuple[int, ...], last_only: bool
+    g: _Graph, dims: _Dims, hidden_states: bool, taps: tuple[int, ...], last_only: bool
 ) -> list[onnx.ValueInfoProto]:
-    logits_shape: list[int | str] = ["batch_size", 1 if last_only else "sequence_length", dims.vocab]
-    outputs = [_value("logits", _FLOAT, logits_shape)]
-    outputs += _kv_values(dims, "present.%d.%s", "total_sequence_length")
-    if hidden_states:
-        outputs.append(_value("hidden_states", _FLOAT, ["batch_size", "sequence_length", dims.hidden]))
-    if taps:
-        aux_shape: list[int | str] = ["batch_size", "sequence_length", dims.hidden * len(taps)]
-        outputs.append(_value("aux_hidden_states", _FLOAT, aux_shape))
-    return outputs
+    return g.decoder_outputs(
+        vocab=dims.vocab,
+        num_layers=dims.num_layers,
+        num_kv_heads=dims.num_kv_heads,
+        head_size=dims.head_size,
+        hidden_states=dims.hidden if hidden_states else None,
+        aux_hidden_states=dims.hidden * len(taps) if taps else None,
+        last_only=last_only,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- optimum graph
@@ -649,15 +556,16 @@ def _optimum_graph(weights: dict[str, np.ndarray], dims: _Dims, position_ids: bo
     residuals = _decoder_layers(g, dims, _embed(g), attention, fused=False)
     _lm_head(g, residuals[-1], fused=False, hidden_states=False, last_only=False)
     inputs = [
-        _value("input_ids", _INT64, ["batch_size", "sequence_length"]),
-        _value("attention_mask", _INT64, ["batch_size", "past_sequence_length + sequence_length"]),
+        g.value("input_ids", _INT64, ["batch_size", "sequence_length"]),
+        g.value("attention_mask", _INT64, ["batch_size", "past_sequence_length + sequence_length"]),
     ]
     if position_ids:
-        inputs.append(_value("position_ids", _INT64, ["batch_size", "sequence_length"]))
-    inputs += _kv_values(dims, "past_key_values.%d.%s", "past_sequence_length")
-    outputs = [_value("logits", _FLOAT, ["batch_size", "sequence_length", dims.vocab])]
-    outputs += _kv_values(dims, "present.%d.%s", "past_sequence_length + sequence_length")
-    return g.model(inputs, outputs)
+        inputs.append(g.value("position_ids", _INT64, ["batch_size", "sequence_length"]))
+    kv = (dims.num_layers, dims.num_kv_heads, dims.head_size)
+    inputs += g.kv_values(*kv, "past_key_values.%d.%s", "past_sequence_length")
+    outputs = [g.value("logits", _FLOAT, ["batch_size", "sequence_length", dims.vocab])]
+    outputs += g.kv_values(*kv, "present.%d.%s", "past_sequence_length + sequence_length")
+    return g.llama(inputs, outputs)
 
 
 def _plain_lengths(g: _Graph) -> tuple[str, str]:
