@@ -305,8 +305,9 @@ class ImagePreprocessor:
                 return Image.fromarray(np.asarray(picture))
             raise ConfigError(
                 f"image {index} has mode {picture.mode} ({len(bands)} band(s)) and preprocessor_config.json's "
-                f"do_convert_rgb is false or null: {self.processor} needs three channels (transformers fails on it "
-                "too); give an RGB image or set do_convert_rgb to true"
+                "do_convert_rgb is false or null, so nothing converts it to the three channels the vision encoder "
+                "takes (transformers fails on it or gives other than three); give an RGB image or set do_convert_rgb "
+                "to true"
             )
         try:
             if "A" in picture.getbands() or picture.info.get("transparency") is not None:
