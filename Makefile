@@ -1,28 +1,45 @@
 # decoctl developer entry points. Every target is idempotent: a second run reinstalls nothing that is current.
+# Environments are made and filled by uv (from the package index, torch from the machine's local CPU wheel), which
+# keeps what it downloads in its cache (~/.cache/uv) between runs.
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
-# torch (test extra only) must come from the machine's local CPU wheel, never the registry's CUDA build
-PIP    := $(BIN)/pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+PLUGIN_NAMES := $(notdir $(patsubst %/,%,$(PLUGINS)))
+# the tools that make environments and distributions: uv and build, in a venv of their own
+TOOLS  := .venv-tools
+UV     := $(TOOLS)/bin/uv
+# torch (test extras only) must come from the machine's local CPU wheel, never the registry's CUDA build
+FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+# uv pip install into the environment whose python follows
+UV_INSTALL := $(UV) pip install -q $(FIND_LINKS) --python
 STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 PROMPT ?= def fibonacci(n):
+# pytest on both cores (pytest-xdist); JOBS=1 runs the tests in one process
+JOBS   ?= 2
 
-.PHONY: setup setup-test demo test test-exports test-ray test-page lint bench real-model-bench eagle-demo encdec-demo clean
+.PHONY: setup setup-test demo dist test test-installed test-exports test-ray test-page lint docs bench \
+	real-model-bench eagle-demo encdec-demo clean
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install -q --isolated --disable-pip-version-check 'uv>=0.5' 'build>=1.2'
+
+# a new environment at $(1), with pip in it (so that `pip install` works in it as documented)
+new_venv = rm -rf $(1) && $(UV) venv -q --seed --python $(PYTHON) $(1)
+
+$(BIN)/python: | $(UV)
+	$(call new_venv,$(VENV))
 
 # core plus every distribution under plugins/, editable
 $(STAMP): $(BIN)/python pyproject.toml setup.py $(wildcard abi/*.py abi/*.h) $(wildcard plugins/*/pyproject.toml)
-	$(PIP) -e . $(foreach p,$(PLUGINS),-e $(p))
+	$(UV_INSTALL) $(BIN)/python -e . $(foreach p,$(PLUGINS),-e $(p))
 	touch $@
 
 # the test extras: pytest, hypothesis, ruff, mypy, import-linter, onnx; torch only from the machine's local CPU wheel
 $(TEST_STAMP): $(STAMP)
-	$(PIP) -e '.[test]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
+	$(UV_INSTALL) $(BIN)/python -e '.[test]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
 	touch $@
 
 setup: $(STAMP)
@@ -39,47 +56,78 @@ lint: $(TEST_STAMP)
 	$(BIN)/mypy core
 	$(BIN)/lint-imports
 
+# an sdist and a wheel of decoctl and of every plugin distribution, in dist/ (the sdists build the wheels, so an
+# sdist that lacks a file its wheel needs fails here); build/dist.log keeps the build backends' output
+DIST := dist
+DIST_STAMP := $(DIST)/.built
+DIST_SOURCES := pyproject.toml setup.py MANIFEST.in README.md $(shell find core abi plugins -type f \
+	-not -path '*/__pycache__/*' -not -path '*/tests/*' -not -path '*.egg-info*' -not -name '*.so' 2>/dev/null)
+$(DIST_STAMP): $(DIST_SOURCES) | $(UV)
+	rm -rf $(DIST) && mkdir -p build $(DIST) && : > build/dist.log
+	@for source in . $(PLUGINS); do \
+		echo "building $$source"; \
+		$(TOOLS)/bin/python -m build --installer uv --outdir $(DIST) $$source >> build/dist.log 2>&1 \
+			|| { tail -40 build/dist.log; exit 1; }; \
+	done
+	touch $@
+
+dist: $(DIST_STAMP)
+	@ls $(DIST)
+
+# The wheels from dist/ installed (not editable) into a clean environment, and used from a folder outside the source
+# tree, so that nothing imports from it: the documented commands (tools/check_installed.sh), then the main test suite
+# against the installed packages (DECOCTL_TEST_INSTALLED makes tests/conftest.py refuse a decoctl from elsewhere)
+INSTALLED_VENV := build/venv-installed
+INSTALLED_RUN  := build/installed-run
+wheel_of = $(firstword $(wildcard $(DIST)/$(1)-*.whl))
+WHEELS_TEST = '$(call wheel_of,decoctl)[test]' $(foreach n,$(PLUGIN_NAMES),'$(call wheel_of,decoctl_$(n))[test]')
+
+test-installed: $(DIST_STAMP)
+	$(call new_venv,$(INSTALLED_VENV))
+	$(UV_INSTALL) $(INSTALLED_VENV)/bin/python $(WHEELS_TEST)
+	rm -rf $(INSTALLED_RUN) && mkdir -p $(INSTALLED_RUN)
+	cd $(INSTALLED_RUN) && PATH="$(CURDIR)/$(INSTALLED_VENV)/bin:$$PATH" bash $(CURDIR)/tools/check_installed.sh $(CURDIR)
+	cd $(INSTALLED_RUN) && DECOCTL_TEST_INSTALLED=1 DECOCTL_DIST=$(CURDIR)/$(DIST) \
+		$(CURDIR)/$(INSTALLED_VENV)/bin/python -m pytest -q -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) \
+		-n $(JOBS) --durations 15 $(CURDIR)/tests $(CURDIR)/plugins
+
 test: lint
-	$(BIN)/python -m pytest -q
+	$(MAKE) test-installed
 	$(MAKE) test-exports
 	$(MAKE) test-ray
 
 # Optimum's real exports: optimum-onnx pins an older transformers than the main test environment has, so those
-# tests run in an environment of their own (elsewhere they skip, saying why)
+# tests run in an environment of their own (elsewhere they skip, saying why), from the wheels in dist/
 EXPORTS_VENV := build/venv-exports
-$(EXPORTS_VENV)/.installed: pyproject.toml setup.py
-	$(PYTHON) -m venv $(EXPORTS_VENV)
-	$(EXPORTS_VENV)/bin/pip install -q --upgrade pip
-	$(EXPORTS_VENV)/bin/pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels) -e '.[test-exports]' \
-		-e plugins/speculative
-	touch $@
+test-exports: $(DIST_STAMP)
+	$(call new_venv,$(EXPORTS_VENV))
+	$(UV_INSTALL) $(EXPORTS_VENV)/bin/python '$(call wheel_of,decoctl)[test-exports]' '$(call wheel_of,decoctl_speculative)'
+	mkdir -p $(INSTALLED_RUN) && cd $(INSTALLED_RUN) && DECOCTL_TEST_INSTALLED=1 $(CURDIR)/$(EXPORTS_VENV)/bin/python -m pytest -q \
+		-c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) -n $(JOBS) $(CURDIR)/tests/exports \
+		$(CURDIR)/tests/encdec/test_optimum_seq2seq.py $(CURDIR)/tests/encdec/test_bench_transformers.py
 
-test-exports: $(EXPORTS_VENV)/.installed
-	$(EXPORTS_VENV)/bin/python -m pytest -q tests/exports tests/encdec/test_optimum_seq2seq.py \
-		tests/encdec/test_bench_transformers.py
-
-# decoctl.ray on a local two-CPU Ray cluster: Ray pins its own versions, so its tests run in an environment of their
-# own (elsewhere they skip, saying why); the whole run is bounded in time, so a hang fails rather than waits
+# decoctl.ray on a local Ray cluster: Ray pins its own versions, so its tests run in an environment of their own
+# (elsewhere they skip, saying why), from the wheels in dist/, which the Ray workers install too; the whole run is
+# bounded in time, so a hang fails rather than waits
 RAY_VENV := build/venv-ray
-$(RAY_VENV)/.installed: pyproject.toml setup.py
-	$(PYTHON) -m venv $(RAY_VENV)
-	$(RAY_VENV)/bin/pip install -q --upgrade pip
-	$(RAY_VENV)/bin/pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels) -e '.[ray,test]' \
-		-e plugins/models
-	touch $@
-
-test-ray: $(RAY_VENV)/.installed
-	timeout 600 $(RAY_VENV)/bin/python -m pytest -q tests/cluster
+test-ray: $(DIST_STAMP)
+	$(call new_venv,$(RAY_VENV))
+	$(UV_INSTALL) $(RAY_VENV)/bin/python '$(call wheel_of,decoctl)[ray,test]' '$(call wheel_of,decoctl_models)'
+	mkdir -p $(INSTALLED_RUN) && cd $(INSTALLED_RUN) && DECOCTL_TEST_INSTALLED=1 DECOCTL_DIST=$(CURDIR)/$(DIST) timeout 600 \
+		$(CURDIR)/$(RAY_VENV)/bin/python -m pytest -q -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) \
+		$(CURDIR)/tests/cluster
 
 # the server's chat page in headless Chromium through Playwright (opt-in, not CI): Debian's chromium, not a download
 test-page: $(TEST_STAMP)
-	$(PIP) -e '.[test-page]'
+	$(UV_INSTALL) $(BIN)/python -e '.[test-page]'
 	@test -x /usr/bin/chromium || { echo "make test-page needs Debian's chromium: apt-get install -y chromium"; exit 1; }
 	$(BIN)/python -m pytest -q -m page tests/serve/test_page.py
 
 # the encoder-decoder demo pair (docs/BENCHMARKS.md, "Encoder-decoder models"): trained here on one thread and
 # exported with optimum-onnx in the test-exports environment; run it again after an interruption to go on
-encdec-demo: $(EXPORTS_VENV)/.installed
+encdec-demo: $(UV)
+	test -x $(EXPORTS_VENV)/bin/python || { $(call new_venv,$(EXPORTS_VENV)); }
+	$(UV_INSTALL) $(EXPORTS_VENV)/bin/python -e '.[test-exports]' -e plugins/speculative
 	nice -n 10 $(EXPORTS_VENV)/bin/python tools/encdec_demo.py all
 
 bench: $(STAMP)
@@ -102,7 +150,7 @@ EAGLE_DEMO ?= build/eagle-demo
 EAGLE_BUDGET ?= --max-tokens 2000000
 EAGLE_TRAIN_STAMP := $(VENV)/.installed-eagle-train
 $(EAGLE_TRAIN_STAMP): $(STAMP)
-	$(PIP) -e 'plugins/eagle[train]'
+	$(UV_INSTALL) $(BIN)/python -e 'plugins/eagle[train]'
 	touch $@
 
 build/corpus/train.txt: tools/corpus.py
@@ -118,4 +166,4 @@ eagle-demo: $(EAGLE_TRAIN_STAMP) build/corpus/train.txt
 		--threads 1 --json $(EAGLE_DEMO)/eval-bundled.json
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(TOOLS) build $(DIST) *.egg-info

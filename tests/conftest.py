@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,34 @@ import structlog
 
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import build_genai_model, build_optimum_model
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the import packages of decoctl's distributions
+PACKAGES = (
+    "decoctl",
+    "decoctl_speculative",
+    "decoctl_lookahead",
+    "decoctl_eagle",
+    "decoctl_logits_chain",
+    "decoctl_models",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under DECOCTL_TEST_INSTALLED (make test-installed), refuse to run against anything but installed packages: a
+    decoctl package found in the source tree means the run would test the checkout, not the wheels."""
+    if not os.environ.get("DECOCTL_TEST_INSTALLED"):
+        return
+    for package in PACKAGES:
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.origin is None:
+            continue
+        origin = Path(spec.origin).resolve()
+        if ROOT in origin.parents and "site-packages" not in origin.parts:
+            raise pytest.UsageError(
+                f"{package} imports from the source tree ({origin}), not from an installed wheel: run the tests from "
+                "a folder outside the checkout, in an environment without editable installs (make test-installed)"
+            )
 
 
 @pytest.fixture(scope="session")
