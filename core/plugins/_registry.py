@@ -433,7 +433,9 @@ def unsupported_decoctl(dist: importlib.metadata.Distribution, version: str | No
     """Why the plugin distribution ``dist`` cannot run with decoctl ``version`` (the installed one by default):
     the decoctl versions its requirements state exclude it. None where they admit it or state none."""
     if version is None:
-        from decoctl import __version__ as version
+        from decoctl import __version__
+
+        version = __version__
     name = _name(dist)
     if canonicalize_name(name) == PROJECT:
         return None
