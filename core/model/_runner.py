@@ -343,8 +343,9 @@ class Runner:
         if self._embedder is not None:
             self._record(ids[0, :n], past)
         outputs = RunOutputs(logits, hidden, aux)
-        # after a one-token run every binding is what the next one-token run needs (bar the mask's length)
-        self._one = outputs if n == 1 and self._steppable else None
+        # after a one-token run every binding is what the next one-token run needs (bar the mask's length), unless it
+        # skipped its logits (a one-token prompt chunk: keep=0), which a step needs
+        self._one = outputs if n == 1 and self._steppable and logit_rows == 1 else None
         return outputs
 
     def step(self, token: int) -> RunOutputs:

@@ -13,6 +13,7 @@ from decoctl.host import Sequence
 from decoctl.model._loader import load_model
 from decoctl.model._runner import Runner
 from decoctl.model.graph import _logit_rows as logit_rows
+from decoctl.testing import build_genai_model
 
 PROMPT = np.array([5, 17, 3, 99, 42, 7, 11], np.int64)
 
@@ -98,3 +99,12 @@ def test_the_rewrite_slices_the_lm_heads_input_through_a_cast() -> None:
     head = next(n for n in rewritten.graph.node if n.op_type == "MatMul")
     sliced = next(n for n in rewritten.graph.node if n.op_type == "Slice")
     assert head.input[0] == sliced.output[0] and sliced.input[:2] == ["hidden", logit_rows.LOGITS_FROM]
+
+
+def test_a_one_token_step_after_a_one_token_chunk_without_logits_gives_its_row(tmp_path: Path) -> None:
+    # a model that takes nothing per step but the token: its one-token steps reuse the last one-token run's bindings
+    model = load_model(build_genai_model(tmp_path / "plain", seed=3, max_length=64))
+    sequence, reference = Sequence("target", model, max_length=32), Sequence("target", model, max_length=32)
+    sequence.prefill(PROMPT[:1], logits=False)
+    reference.prefill(PROMPT[:1])
+    np.testing.assert_array_equal(sequence.forward((int(PROMPT[1]),)), reference.forward((int(PROMPT[1]),)))
