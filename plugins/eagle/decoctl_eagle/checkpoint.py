@@ -27,6 +27,7 @@ import numpy as np
 
 from decoctl import ConfigError
 from decoctl.model.eagle_graph import EAGLE1, EAGLE3, LAYER, HeadDims
+from decoctl_eagle.fit import HeadShape, check_fits
 from decoctl_eagle.target import Target
 
 __all__ = ["WEIGHT_FILES", "HeadCheckpoint", "read_checkpoint", "read_tensors"]
@@ -131,33 +132,16 @@ class HeadCheckpoint:
 
     def for_target(self, target: Target) -> tuple[HeadDims, dict[str, np.ndarray]]:
         """The dims and every weight the head graph takes, the target's shared ones filled in: its embedding
-        where the head has none, its lm_head for an EAGLE-1 head. ConfigError, naming the tensor, when the head's
-        hidden size or vocabulary is not the target's, or the target lacks the features the head is fed."""
+        where the head has none, its lm_head for an EAGLE-1 head. Refused (decoctl_eagle.fit.check_fits), naming the
+        tensors, when the head does not fit the target."""
         dims = self.dims
-        if dims.hidden != target.hidden_size:
-            raise ConfigError(
-                f"the head's hidden size is {dims.hidden} (tensor fc.weight {list(self.weights['fc.weight'].shape)}) "
-                f"but target {target.name} has hidden size {target.hidden_size}: the head was trained for another "
-                "target"
-            )
-        if dims.vocab != target.vocab_size:
-            tensor = self._vocab_tensor()
-            raise ConfigError(
-                f"the head's vocabulary is {dims.vocab} ({tensor}) but target {target.name} has {target.vocab_size} "
-                "tokens: the head was trained for another target (or another tokenizer)"
-            )
-        if dims.architecture == EAGLE1 and target.hidden_states != dims.hidden:
-            raise ConfigError(
-                f"target {target.name} has {_width(target.hidden_states, 'hidden_states')}, but an EAGLE-1 head is "
-                f"fed the target's final hidden states (width {dims.hidden}): export the target with "
-                "include_hidden_states=1"
-            )
-        if dims.architecture == EAGLE3 and target.aux_hidden_states != 3 * dims.hidden:
-            raise ConfigError(
-                f"target {target.name} has {_width(target.aux_hidden_states, 'aux_hidden_states')}, but an EAGLE-3 "
-                f"head's fc.weight takes three taps of the residual stream (width {3 * dims.hidden}): give the copy "
-                "`decoctl models enable-taps TARGET DIR` makes (EAGLE-3's layers 2, N/2 and N-3) as the target"
-            )
+        check_fits(
+            HeadShape(architecture=dims.architecture, hidden=dims.hidden, vocab=dims.vocab),
+            target.shape,
+            what=f"the head in {self.folder}",
+            hidden_from=f"tensor fc.weight {list(self.weights['fc.weight'].shape)}",
+            vocab_from=self._vocab_tensor(),
+        )
         weights = dict(self.weights)
         if "embed_tokens.weight" not in weights:
             weights["embed_tokens.weight"] = target.embeddings()
@@ -170,10 +154,6 @@ class HeadCheckpoint:
             if name in self.weights:
                 return f"tensor {name} {list(self.weights[name].shape)}"
         return "config.json vocab_size"
-
-
-def _width(width: int | None, output: str) -> str:
-    return f"no {output} output" if width is None else f"{output} of width {width}"
 
 
 def read_checkpoint(folder: str | Path) -> HeadCheckpoint:

@@ -7,8 +7,8 @@ Two kinds of head, told apart by that input's width. An EAGLE-1 head takes the t
 H) and predicts the next one, which is fed back while drafting. An EAGLE-3 head (Li et al., EAGLE-3, 2025) takes
 ``[taps | own]`` (width T + H): the target's taps (its aux_hidden_states, the residual stream entering a low, a
 middle and a high layer) with zeros, or zeros with the head's own output (its hidden_states) while drafting; the
-head applies its fc to the taps itself (decoctl.model.eagle_graph). Everything below holds for both, "feature" meaning
-the row the head is fed.
+head applies its fc to the taps itself (decoctl.model.eagle_graph). decoctl_eagle.fit says which a head is, whether it
+fits the target, and lays out its rows. Everything below holds for both, "feature" meaning the row the head is fed.
 
 Alignment. Head position i holds the pair (f_i, x_{i+1}): the target's feature at position i (its final hidden
 state, the lm_head's input) and the token after it. From it the head predicts the next feature f_{i+1}' (its
@@ -58,12 +58,14 @@ from typing import Any
 
 import numpy as np
 
-from decoctl import CapabilityError, ConfigError, Host, Option
+from decoctl import ConfigError, Host, Option, Sequence
 from decoctl.draft_length import DraftLength, draft_length
 from decoctl.logs import get_logger
+from decoctl.model.eagle_graph import EAGLE1
 from decoctl.verify import DraftTree, Verdict, Verifier, draw, log_probabilities, probabilities
 from decoctl_eagle.backlog import Backlog
 from decoctl_eagle.drafts import Candidates
+from decoctl_eagle.fit import HeadShape, TargetShape, check_fits
 
 __all__ = ["HEAD", "OPTIONS", "Eagle", "capabilities_for", "check_options", "scratch_for"]
 
@@ -192,29 +194,13 @@ def _length_rule(options: dict[str, Any], host: Host | None = None) -> DraftLeng
     )
 
 
-def _taps_width(target: Any, head: Any, hidden: int) -> int:
-    """0 for a head fed the target's final hidden states (EAGLE-1), the taps' width T for one fed ``[taps | own]``
-    (EAGLE-3); a head of another width was trained for another target."""
-    width = head.feature_size
-    if width == hidden:
-        return 0
-    has_taps = "aux_hidden_states" in target.capabilities
-    taps = target.hidden_states(kind="aux").shape[1] if has_taps else 0
-    if has_taps and width == taps + hidden:
-        return taps
-    if not has_taps and width > hidden and width % hidden == 0:
-        raise CapabilityError(
-            f"the eagle head (model {head.model.name}) takes features of width {width}: an EAGLE-3 head, which reads "
-            f"the target's aux_hidden_states, but the target (model {target.model.name}) has none: run it on the copy "
-            "`decoctl models enable-taps` made (the one the head was trained on), or export the target with the "
-            "builder options include_hidden_states=1 aux_hidden_state_layers=..."
-        )
-    also = f" and taps of width {taps}" if has_taps else ""
-    raise ConfigError(
-        f"the eagle head (model {head.model.name}) takes features of width {width}, but the target (model "
-        f"{target.model.name}) has hidden states of width {hidden}{also}: the head was trained for another target; "
-        "train one for this target (decoctl eagle train; tools/train_eagle.py for the demo models)"
-    )
+def _head_shape(target: Sequence, head: Sequence) -> HeadShape:
+    """The head's shape, which says how its feature rows are laid out; refused, naming the fix, when the head does
+    not fit the target."""
+    shape = HeadShape.of_model(head.model)
+    what = f"the eagle head (model {head.model.name})"
+    check_fits(shape, TargetShape.of_model(target.model), what=what, also=" (tools/train_eagle.py for the demo models)")
+    return shape
 
 
 def _top_probability(row: np.ndarray, top: int) -> float:
@@ -252,9 +238,8 @@ class Eagle:
         self.length: DraftLength | None = None if self.tree else _length_rule(self._options)
         #: the head's last row and predicted feature after its last catch-up
         self._root: tuple[np.ndarray, np.ndarray] | None = None
-        #: the width of the target's taps an EAGLE-3 head reads first in its features (0: an EAGLE-1 head)
-        self._taps = 0
-        self._hidden = 0
+        #: the head's architecture and sizes, which say how its feature rows are laid out (set in start())
+        self._head = HeadShape(architecture=EAGLE1, hidden=1, vocab=1)
         #: head positions fed the target's own features; the pairs after them wait in the backlog
         self._synced = 0
         self._pairs = Backlog(1, self.catch_up_most)  # sized for the target's features in start()
@@ -270,10 +255,9 @@ class Eagle:
             self.length = _length_rule(self._options, host)
         target, head = host.target, host[HEAD]
         prompt = host.prompt_tokens
-        self._hidden = target.hidden_states().shape[1]
-        self._taps = _taps_width(target, head, self._hidden)
-        self._pairs = Backlog(self._taps + self._hidden if self._taps else self._hidden, self.catch_up_most)
-        features = self._features(target)
+        self._head = _head_shape(target, head)
+        self._pairs = Backlog(self._head.feature_size, self.catch_up_most)
+        features = self._head.target_rows(target)
         if len(features) < len(prompt):
             # a chunked prefill keeps the last chunk's hidden states only: run the prompt again for the rest
             features = self._prompt_features(host)
@@ -306,27 +290,8 @@ class Eagle:
         rows = []
         for begin in range(0, len(prompt), chunk):
             target.forward(prompt[begin : begin + chunk])
-            rows.append(self._features(target))
+            rows.append(self._head.target_rows(target))
         return np.concatenate(rows)
-
-    def _features(self, target: Any, rows: Any = slice(None)) -> np.ndarray:
-        """The head's feature rows from the target's last forward (its rows ``rows``): the final hidden states for
-        an EAGLE-1 head, ``[taps | 0]`` for an EAGLE-3 head. A copy: the target's outputs move on."""
-        if not self._taps:
-            return np.array(target.hidden_states()[rows])
-        taps = target.hidden_states(kind="aux")[rows]
-        features = np.zeros((len(taps), self._taps + self._hidden), np.float32)
-        features[:, : self._taps] = taps
-        return features
-
-    def _own(self, predicted: np.ndarray) -> np.ndarray:
-        """The head's feature rows from its own outputs float32[n, H] while drafting: as they are for an EAGLE-1
-        head, ``[0 | own]`` for an EAGLE-3 head."""
-        if not self._taps:
-            return predicted
-        features = np.zeros((len(predicted), self._taps + self._hidden), np.float32)
-        features[:, self._taps :] = predicted
-        return features
 
     def _mode(self) -> str:
         if not self.sampling:
@@ -368,7 +333,7 @@ class Eagle:
         verifying = clock()
         verdict = self.verifier.chain(host, drafts, q)
         # copied before the target moves on: the true features at the pending token and every accepted draft
-        features = self._features(host.target, slice(0, len(verdict.nodes)))
+        features = self._head.target_rows(host.target, slice(0, len(verdict.nodes)))
         verified = clock()
         # the rule prices the catch-up with the first draft, which its last row gives, and each further draft apart
         self.length.observe(
@@ -396,7 +361,7 @@ class Eagle:
         verifying = clock()
         self.largest_tree = max(self.largest_tree, tree.size)
         verdict = self.verifier.tree(host, tree)
-        features = self._features(host.target, verdict.nodes)
+        features = self._head.target_rows(host.target, verdict.nodes)
         verified = clock()
         self._account(began, caught, verifying, verified, rows)
         self._finish(host, verdict, features)
@@ -451,7 +416,7 @@ class Eagle:
             if index == 0:
                 first = self.clock()
             if index + 1 < k:
-                row = head.forward([token], features=self._own(feature[None, :]))[-1]
+                row = head.forward([token], features=self._head.own_rows(feature[None, :]))[-1]
                 feature = head.hidden_states()[-1]
         return drafts, (np.stack(qs) if self.sampling and qs else None), self.clock() if first is None else first
 
@@ -472,7 +437,7 @@ class Eagle:
             if not frontier:
                 break
             parents = [candidates.parents[c] for c in frontier]
-            features = self._own(np.stack([root_feature if p < 0 else predicted[p] for p in parents]))
+            features = self._head.own_rows(np.stack([root_feature if p < 0 else predicted[p] for p in parents]))
             rows = head.forward(
                 [candidates.tokens[c] for c in frontier],
                 [-1 if p < 0 else place[p] for p in parents],
@@ -495,9 +460,10 @@ class Eagle:
     def _defer_one(self, target: Any, token: int) -> None:
         """_defer of a plain step's one pair, its feature row written in place from the target's last forward."""
         row = self._pairs.add_one(token)  # the last row: a plain forward's one, or the prefill's last (take_over)
-        if self._taps:
-            row[: self._taps] = target.hidden_states(kind="aux")[-1]
-            row[self._taps :] = 0.0
+        taps = self._head.taps
+        if taps:
+            row[:taps] = target.hidden_states(kind="aux")[-1]
+            row[taps:] = 0.0
         else:
             row[:] = target.hidden_states()[-1]
 
@@ -523,11 +489,11 @@ class Eagle:
         self.catch_ups += 1
         self.caught_up_rows += rows
         predicted = head.hidden_states()[-1]
-        if predicted.shape[0] != self._hidden:
+        if predicted.shape[0] != self._head.hidden:
             raise ConfigError(
                 f"the eagle head (model {head.model.name}) predicts features of width {predicted.shape[0]} but the "
-                f"target's hidden size is {self._hidden}: its hidden_states output must be what it is fed back while "
-                "drafting; re-export the head (decoctl eagle train)"
+                f"target's hidden size is {self._head.hidden}: its hidden_states output must be what it is fed back "
+                "while drafting; re-export the head (decoctl eagle train)"
             )
         self._root = (np.array(head.logits()[-1]), np.array(predicted))
         return rows

@@ -32,6 +32,7 @@ import numpy as np
 
 from decoctl import ConfigError, PluginRegistry, Sequence, load_model, resolve_model
 from decoctl.logs import get_logger
+from decoctl_eagle.fit import HeadShape, TargetShape, check_fits
 from decoctl_eagle.training import data as text
 
 __all__ = ["Evaluation", "evaluate_head"]
@@ -84,7 +85,7 @@ def evaluate_head(
     head_name, head_path = resolve_model(str(head), registry)
     target_model = load_model(target_path, name=target_name, threads=threads)
     head_model = load_model(head_path, name=head_name, threads=threads)
-    taps = _taps_width(target_model, head_model)
+    shape = _head_shape(target_model, head_model)
     bos = text.prompt_bos(target_model.tokenizer, target_model.spec.bos_token_id)
     windows = text.file_windows(data, target_model.tokenizer, seq_len, bos)
     if not windows:
@@ -98,7 +99,7 @@ def evaluate_head(
     for window in windows:
         if max_tokens is not None and done >= max_tokens:
             break
-        _window(np.asarray(window, np.int64), target_role, head_role, taps, steps, counts)
+        _window(np.asarray(window, np.int64), target_role, head_role, shape, steps, counts)
         done += len(window)
         if report is not None:
             report(len(window))
@@ -131,12 +132,12 @@ class _Counts:
         self.windows = 0
 
 
-def _window(ids: np.ndarray, target: Sequence, head: Sequence, taps: int, steps: int, counts: _Counts) -> None:
+def _window(ids: np.ndarray, target: Sequence, head: Sequence, shape: HeadShape, steps: int, counts: _Counts) -> None:
     """Count one window: ids int64[L]."""
     length = len(ids)
     target.rewind(0)
     greedy = np.asarray(target.forward(ids)).argmax(-1)  # greedy[i]: the target's choice for token i + 1
-    fed = _target_features(target, taps)
+    fed = shape.target_rows(target)
     head.rewind(0)
     head.forward(ids[1:], features=fed[:-1])
     # drafted[j, p]: step j's argmax at anchor p (head position p + j), -1 where step j has no label
@@ -150,7 +151,7 @@ def _window(ids: np.ndarray, target: Sequence, head: Sequence, taps: int, steps:
         for step in range(1, steps):
             if anchor + 1 + step >= length:
                 break
-            row = head.forward([int(ids[anchor + 1 + step])], features=_own_features(feature, taps))
+            row = head.forward([int(ids[anchor + 1 + step])], features=shape.own_rows(feature[None, :]))
             drafted[step, anchor] = int(np.argmax(row[-1]))
             feature = np.array(head.hidden_states()[-1])
     positions = np.arange(length)
@@ -171,50 +172,14 @@ def _window(ids: np.ndarray, target: Sequence, head: Sequence, taps: int, steps:
     counts.windows += 1
 
 
-def _target_features(target: Sequence, taps: int) -> np.ndarray:
-    """The head's feature rows from the target's last forward, as the eagle controller feeds them: the final hidden
-    states (EAGLE-1), or ``[taps | 0]`` (EAGLE-3)."""
-    if not taps:
-        return np.array(target.hidden_states())
-    aux = target.hidden_states(kind="aux")
-    rows = np.zeros((len(aux), taps + target.model.capabilities.hidden_size), np.float32)
-    rows[:, :taps] = aux
-    return rows
-
-
-def _own_features(predicted: np.ndarray, taps: int) -> np.ndarray:
-    """One feature row from the head's own output float32[H]: as it is (EAGLE-1), ``[0 | own]`` (EAGLE-3)."""
-    if not taps:
-        return predicted[None, :]
-    row = np.zeros((1, taps + len(predicted)), np.float32)
-    row[0, taps:] = predicted
-    return row
-
-
-def _taps_width(target: Any, head: Any) -> int:
-    """0 for a head fed the target's final hidden states (EAGLE-1), the taps' width for one fed ``[taps | own]``
-    (EAGLE-3); ConfigError naming the fix for a head that does not fit the target."""
-    width = head.capabilities.feature_size
-    caps = target.capabilities
-    if width is None:
-        raise ConfigError(f"{head.name} has no target_hidden_states input: it is not an EAGLE head")
-    if caps.hidden_states is None or not caps.logits_all_positions:
+def _head_shape(target: Any, head: Any) -> HeadShape:
+    """The head's shape, which says how its feature rows are laid out; refused, naming the fix, when the head does
+    not fit the target or the target cannot be drafted for."""
+    shape = HeadShape.of_model(head)
+    if target.capabilities.hidden_states is None or not target.capabilities.logits_all_positions:
         raise ConfigError(
             f"target {target.name} needs a hidden_states output and logits at every position to be drafted for: "
             f"copy it with `decoctl models enable-taps {target.name} DST`"
         )
-    if head.spec.vocab_size != target.spec.vocab_size:
-        raise ConfigError(
-            f"{head.name} drafts from a vocabulary of {head.spec.vocab_size} and target {target.name} has "
-            f"{target.spec.vocab_size}: the head was made for another target"
-        )
-    if width == caps.hidden_size:
-        return 0
-    if caps.aux_hidden_size is not None and width == caps.aux_hidden_size + caps.hidden_size:
-        return int(caps.aux_hidden_size)
-    has = f"taps of width {caps.aux_hidden_size}" if caps.aux_hidden_size else "no taps"
-    raise ConfigError(
-        f"{head.name} takes features of width {width}, and target {target.name} has hidden states of width "
-        f"{caps.hidden_size} and {has}: evaluate the head with the target it was trained for (an EAGLE-3 head needs "
-        "the target's aux_hidden_states: decoctl models enable-taps)"
-    )
+    check_fits(shape, TargetShape.of_model(target), what=f"head {head.name}")
+    return shape

@@ -26,9 +26,10 @@ from decoctl import (
 from decoctl.model.eagle_graph import EAGLE1, EAGLE3, FEATURES, HeadDims, write_head
 from decoctl_eagle.checkpoint import WEIGHT_FILES, read_checkpoint
 from decoctl_eagle.controller import HEAD
-from decoctl_eagle.target import Target, read_target
+from decoctl_eagle.fit import HeadShape, architecture_of, mismatches
+from decoctl_eagle.target import read_target
 
-__all__ = ["HeadInfo", "ImportedHead", "describe_head", "import_head", "register_head", "target_mismatches"]
+__all__ = ["HeadInfo", "ImportedHead", "describe_head", "import_head", "register_head"]
 
 
 @attrs.frozen(kw_only=True)
@@ -197,7 +198,7 @@ def _describe_onnx(folder: Path) -> HeadInfo:
     feature_size = int(inputs[FEATURES].type.tensor_type.shape.dim[-1].dim_value)
     hidden, vocab = int(decoder["hidden_size"]), int(model["vocab_size"])
     recorded: dict[str, Any] = config.get("decoctl") or {}
-    architecture = recorded.get("architecture") or (EAGLE3 if feature_size == 4 * hidden else EAGLE1)
+    architecture = recorded.get("architecture") or architecture_of(feature_size, hidden) or EAGLE1
     draft_vocab = int(recorded.get("draft_vocab_size") or _draft_rows(graph) or vocab)
     target = recorded.get("target")
     where = f" ({recorded['target_path']})" if recorded.get("target_path") else ""
@@ -229,22 +230,6 @@ def _draft_rows(graph: Any) -> int | None:
     return None
 
 
-def target_mismatches(head: HeadInfo, target: Target) -> list[str]:
-    """Why the head cannot run beside ``target`` (empty when it can)."""
-    reasons = []
-    if head.hidden != target.hidden_size:
-        reasons.append(f"hidden size {head.hidden}, the target's {target.hidden_size}")
-    if head.vocab != target.vocab_size:
-        reasons.append(f"vocabulary {head.vocab}, the target's {target.vocab_size}")
-    if head.architecture == EAGLE3 and target.aux_hidden_states != 3 * head.hidden:
-        has = f"width {target.aux_hidden_states}" if target.aux_hidden_states else "none"
-        reasons.append(f"it is fed three taps (aux_hidden_states of width {3 * head.hidden}); the target has {has}")
-    if head.architecture == EAGLE1 and target.hidden_states != head.hidden:
-        has = f"width {target.hidden_states}" if target.hidden_states else "none"
-        reasons.append(f"it is fed the final hidden states (width {head.hidden}); the target has {has}")
-    return reasons
-
-
 def info_lines(head: str | Path, target: str | Path | None, plugins: PluginRegistry) -> tuple[list[str], bool]:
     """``decoctl eagle info``'s lines, and whether the head fits the target (True without one)."""
     _, path = resolve_model(str(head), plugins)
@@ -255,6 +240,7 @@ def info_lines(head: str | Path, target: str | Path | None, plugins: PluginRegis
     target_name, target_path = resolve_model(str(target), plugins)
     target_model = read_target(target_path, name=target_name)
     lines.append(f"  --target {target_model.describe()}")
-    reasons = target_mismatches(info, target_model)
+    head_shape = HeadShape(architecture=info.architecture, hidden=info.hidden, vocab=info.vocab)
+    reasons = mismatches(head_shape, target_model.shape)
     lines.append(f"  matches {target_name}: " + ("yes" if not reasons else "no: " + "; ".join(reasons)))
     return lines, not reasons

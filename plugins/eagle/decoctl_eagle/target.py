@@ -16,6 +16,7 @@ import attrs
 import numpy as np
 
 from decoctl import ConfigError, ModelLoadError, tap_layers
+from decoctl_eagle.fit import TargetShape
 
 __all__ = ["Target", "read_target"]
 
@@ -39,6 +40,18 @@ class Target:
     aux_hidden_states: int | None
     tap_layers: tuple[int, ...] = ()
     input_ids: str = "input_ids"
+
+    @property
+    def shape(self) -> TargetShape:
+        """What a head needs of this target (decoctl_eagle.fit)."""
+        return TargetShape(
+            name=self.name,
+            hidden_size=self.hidden_size,
+            vocab_size=self.vocab_size,
+            hidden_states=self.hidden_states,
+            aux_hidden_states=self.aux_hidden_states,
+            folder=str(self.folder),
+        )
 
     def describe(self) -> str:
         taps = f"aux_hidden_states width {self.aux_hidden_states}" if self.aux_hidden_states else "no aux_hidden_states"

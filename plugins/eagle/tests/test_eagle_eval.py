@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from decoctl_eagle.evaluation import evaluate_head
 
-from decoctl import ConfigError, Sequence, load_model
+from decoctl import CapabilityError, Sequence, load_model
 from decoctl.cli import main
 from decoctl.model.graph import enable_taps
 from decoctl.testing import build_eagle3_head, build_genai_model
@@ -142,5 +142,5 @@ def test_the_command_prints_the_figures_and_writes_them_as_json(
 def test_an_eagle3_head_on_a_target_without_taps_is_refused_naming_enable_taps(
     target: Path, eagle3_head: Path, text: Path
 ) -> None:
-    with pytest.raises(ConfigError, match="enable-taps"):
+    with pytest.raises(CapabilityError, match=r"three taps.*enable-taps"):
         evaluate_head(target, eagle3_head, [text], seq_len=SEQ_LEN, threads=1)

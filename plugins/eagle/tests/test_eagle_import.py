@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import eagle_published as published  # noqa: E402  (needs torch)
 from decoctl_eagle.heads import import_head  # noqa: E402
 
-from decoctl import ConfigError, Generator  # noqa: E402
+from decoctl import CapabilityError, ConfigError, Generator  # noqa: E402
 from decoctl.cli import main  # noqa: E402
 from decoctl.host import Sequence  # noqa: E402
 from decoctl.model import load_model  # noqa: E402
@@ -167,7 +167,8 @@ def test_a_missing_tensor_is_named(target: Path, tmp_path: Path, registry: Plugi
 
 def test_another_targets_vocabulary_is_refused(target: Path, tmp_path: Path, registry: PluginRegistry) -> None:
     source = _eagle3_source(tmp_path, vocab=VOCAB + 16)
-    with pytest.raises(ConfigError, match=rf"vocabulary is {VOCAB + 16} \(tensor t2d \[{VOCAB + 16}\]\) but target"):
+    refused = rf"vocabulary {VOCAB + 16} \(tensor t2d \[{VOCAB + 16}\]\), the target's {VOCAB}"
+    with pytest.raises(ConfigError, match=refused):
         import_head(source, target, out=tmp_path / "head", plugins=registry)
 
 
@@ -178,14 +179,15 @@ def test_another_targets_hidden_size_is_refused(tmp_path: Path, registry: Plugin
         tmp_path / "src", weights, published.config(VOCAB), spelling="layers.0", file_format="safetensors"
     )
     with pytest.raises(
-        ConfigError, match=r"hidden size is 64 \(tensor fc\.weight \[64, 128\]\) but target wide has hidden size 96"
+        ConfigError, match=r"fit target wide: hidden size 64 \(tensor fc\.weight \[64, 128\]\), the target's 96"
     ):
         import_head(source, wide, out=tmp_path / "head", plugins=registry)
 
 
 def test_an_eagle3_head_needs_a_target_with_three_taps(tmp_path: Path, registry: PluginRegistry) -> None:
     plain = build_genai_model(tmp_path / "plain", num_layers=1, hidden_states=True)
-    with pytest.raises(ConfigError, match=r"target plain has no aux_hidden_states output"):
+    refused = r"fit target plain: it is fed three taps .*the target has none.*enable-taps"
+    with pytest.raises(CapabilityError, match=refused):
         import_head(_eagle3_source(tmp_path), plain, out=tmp_path / "head", plugins=registry)
 
 

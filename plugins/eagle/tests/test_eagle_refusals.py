@@ -53,9 +53,9 @@ def test_a_head_for_a_target_of_another_width_is_refused_before_it_runs(
     with pytest.raises(GenerationError) as caught:
         generator.generate("def f(x):", max_new_tokens=4)
     assert isinstance(caught.value.__cause__, ConfigError)
-    assert "takes features of width 32, but the target" in str(caught.value)
-    assert "hidden states of width 64" in str(caught.value)
-    assert "tools/train_eagle.py" in str(caught.value)
+    assert "does not fit target" in str(caught.value)
+    assert "hidden size 32, the target's 64" in str(caught.value)
+    assert "decoctl eagle train" in str(caught.value) and "tools/train_eagle.py" in str(caught.value)
     assert caught.value.tokens == []
 
 

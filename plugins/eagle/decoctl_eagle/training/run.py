@@ -26,6 +26,7 @@ import torch
 from decoctl import ConfigError, PluginRegistry, Sequence, load_model, resolve_model
 from decoctl.logs import get_logger
 from decoctl.model.eagle_graph import EAGLE1, EAGLE3, HeadDims
+from decoctl_eagle.fit import HeadShape, check_fits
 from decoctl_eagle.target import Target, read_target
 from decoctl_eagle.training import data as text
 from decoctl_eagle.training.export import export_head
@@ -284,26 +285,11 @@ def _resolved_target(target: str) -> Path:
 
 
 def _feature_kind(arch: str, target: Target, model: Any) -> tuple[str, int]:
-    """("aux", 3H) for EAGLE-3, ("final", H) for EAGLE-1; ConfigError naming the fix when the target lacks them."""
-    h = target.hidden_size
-    if arch == EAGLE3:
-        if target.aux_hidden_states != 3 * h:
-            has = f"width {target.aux_hidden_states}" if target.aux_hidden_states else "none"
-            raise ConfigError(
-                f"an EAGLE-3 head reads three taps of the target's residual stream (aux_hidden_states of width {3 * h})"
-                f", and target {target.name} has {has}: make a copy that has them with `decoctl models enable-taps "
-                f"{target.folder} DST` and train on DST, or export the target with the builder options "
-                "include_hidden_states=1 aux_hidden_state_layers=a,b,c (EAGLE-3 taps layers 2, N/2 and N-3); or "
-                "train --arch eagle1 on its final hidden states"
-            )
-        return "aux", 3 * h
-    if target.hidden_states != h:
-        raise ConfigError(
-            f"an EAGLE-1 head reads the target's final hidden states, and target {target.name} has no hidden_states "
-            f"output: make a copy with `decoctl models enable-taps {target.folder} DST`, or export it with the "
-            "builder option include_hidden_states=1"
-        )
-    return "final", h
+    """("aux", 3H) for EAGLE-3, ("final", H) for EAGLE-1; refused, naming the fix, when the target lacks them."""
+    head = HeadShape(architecture=arch, hidden=target.hidden_size, vocab=target.vocab_size)
+    also = " (and train on the copy); or train --arch eagle1 on its final hidden states" if arch == EAGLE3 else ""
+    check_fits(head, target.shape, what=f"an {arch.upper()} head", also=also)
+    return ("aux", head.taps) if arch == EAGLE3 else ("final", head.hidden)
 
 
 def _device(name: str, precision: str) -> tuple[torch.device, bool]:
