@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import numbers
 import os
 from pathlib import Path
@@ -14,6 +13,7 @@ import onnxruntime as ort
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
 from decoctl.model import _huge_pages as pages
+from decoctl.model import _kv_layout as kv_layout
 from decoctl.model import _pipeline as pipelines
 from decoctl.model._capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model._encoder_decoder import Encoder, read_encoder
@@ -122,7 +122,6 @@ def load_model(
     graph = windowed.model if windowed else rewritten.model if rewritten else None
     graph = _with_logits_from(spec, graph if graph is not None else source) or graph
     rings = _ring_layers(spec, source, windowed, ring_slack)
-    _warn_if_window_dropped(spec, source)
     parts = spec.encoder_decoder
     others: tuple[ort.InferenceSession, ort.InferenceSession] | None = None
     with pages.contiguous_allocations() if huge_pages else contextlib.nullcontext():
@@ -134,6 +133,8 @@ def load_model(
         # the weights now sit in onnxruntime's buffers: put them on huge pages (see huge_pages.py for the measurement)
         pages.collapse()
     spec = _with_graph_kv(spec, session)
+    past = {name for layer in range(spec.num_layers) for name in spec.past_names(layer)}
+    kv_layout.check(spec, source, {i.name: i.shape for i in session.get_inputs() if i.name in past})
     capabilities = Capabilities.from_session(
         session, spec, rewritten.inputs if rewritten else None, windowed.windows if windowed else (), rings
     )
@@ -152,6 +153,9 @@ def load_model(
         vision=vision,
         prefill=prefill,
     )
+    from decoctl.model._ring_probe import probe_rings  # it runs the model: it builds on this module
+
+    probe_rings(model)
     log.debug(
         "decoctl.model_loaded",
         model=model.name,
@@ -396,30 +400,6 @@ def _ring_layers(
             )
         )
     return tuple(sorted(rings, key=lambda r: r.layer))
-
-
-def _warn_if_window_dropped(spec: ModelSpec, graph: bytes | None) -> None:
-    """Log where genai_config.json declares a sliding window that no attention node of the graph applies (the
-    builder exports Mistral that way): decoctl runs the graph as exported, which attends to the whole sequence
-    and so differs from the model past its window."""
-    config = spec.path / "genai_config.json"
-    if graph is None or not config.is_file():
-        return
-    try:
-        declared = json.loads(config.read_text(encoding="utf-8"))["model"]["decoder"]["sliding_window"]["window_size"]
-    except (KeyError, TypeError, ValueError):
-        return
-    if isinstance(declared, int) and declared > 0 and not window_bias.has_window(graph):
-        log.warning(
-            "decoctl.window_not_in_graph",
-            model=str(spec.path),
-            window=declared,
-            hint=(
-                f"genai_config.json declares a sliding window of {declared} but no attention node applies one: the "
-                f"graph attends to the whole sequence and its tokens differ from the model's past {declared} "
-                "tokens; export it again with an exporter that writes the window"
-            ),
-        )
 
 
 def _window_in_bias(spec: ModelSpec, graph: bytes, ring_slack: int) -> window_bias.Rewritten | None:

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from structlog.testing import capture_logs
 
 from decoctl import CapabilityError, Generator, SequenceError
 from decoctl.errors import ModelLoadError
@@ -275,18 +274,15 @@ def test_a_run_refused_inside_onnxruntimes_kernel_says_so_and_names_the_node(
         sequence.forward([1, 2, 3])
 
 
-def test_a_window_the_config_declares_but_the_graph_drops_is_logged(tmp_path: Path) -> None:
+def test_a_window_the_config_declares_but_the_graph_drops_is_refused_at_load(tmp_path: Path) -> None:
     folder = build_genai_model(tmp_path / "m", seed=3, num_layers=2)  # no window in the graph
     config_file = folder / "genai_config.json"
     config = json.loads(config_file.read_text(encoding="utf-8"))
     config["model"]["decoder"]["sliding_window"] = {"window_size": 16, "layers": [], "cache_slack": 0}
     config_file.write_text(json.dumps(config), encoding="utf-8")
 
-    with capture_logs() as events:
+    with pytest.raises(ModelLoadError, match=r"declares a sliding window of 16 .* add \"layer_types\""):
         load_model(folder, threads=1)
-
-    dropped = [e for e in events if e["event"] == "decoctl.window_not_in_graph"]
-    assert [(e["log_level"], e["window"]) for e in dropped] == [("warning", 16)]
 
 
 @pytest.mark.parametrize(
