@@ -228,7 +228,8 @@ def create_app(
                 for handle in handles:
                     handle.cancel()
                 raise _Refusal(503, str(exc), "server_error") from None
-            metrics.prompt_tokens.labels(controller).inc(len(ids))
+            # the installed controller's name, never the request's spelling of it: labels stay a bounded set
+            metrics.prompt_tokens.labels(handles[-1].plan.spec.name).inc(len(ids))
         return _Submitted(
             handles=handles,
             events=events,

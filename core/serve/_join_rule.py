@@ -73,6 +73,9 @@ RUNS_KEPT = 32
 PREFILLS_KEPT = 32
 #: steps of every row of a kind the rule averages over, for the rows with too few steps of their own
 KIND_WINDOW = 64
+#: kinds (controller and options) whose steps are kept; past it the least recently seen kind is forgotten, so that
+#: requests naming ever new options cannot grow the table
+KINDS_KEPT = 64
 #: the share of a batched Run's seconds a step may add to it with prompt chunks (the default: JoinRule's
 #: ``prefill_share``, decoctl serve's --prefill-share): more admits prompts faster and keeps the batch fuller, less
 #: holds the inter-token latency of the rows decoding closer to the batched Run's
@@ -105,7 +108,8 @@ class JoinRule:
         self._run_means: dict[int, float] | None = None
         self._prefill_lines: dict[bool, tuple[float, float] | None] = {}
         self._steps: dict[Hashable, collections.deque[tuple[int, float]]] = {}
-        self._kinds: dict[Hashable, collections.deque[tuple[int, float]]] = {}
+        #: by recency of use, the oldest first (at most KINDS_KEPT)
+        self._kinds: collections.OrderedDict[Hashable, collections.deque[tuple[int, float]]] = collections.OrderedDict()
 
     def observe_run(self, rows: int, seconds: float) -> None:
         """A batched Run spanning ``rows`` rows took ``seconds``."""
@@ -123,6 +127,9 @@ class JoinRule:
         ``seconds``."""
         self._steps.setdefault(row, collections.deque(maxlen=WINDOW)).append((tokens, seconds))
         self._kinds.setdefault(kind, collections.deque(maxlen=KIND_WINDOW)).append((tokens, seconds))
+        self._kinds.move_to_end(kind)
+        while len(self._kinds) > KINDS_KEPT:
+            self._kinds.popitem(last=False)
 
     def forget(self, row: Hashable) -> None:
         self._steps.pop(row, None)

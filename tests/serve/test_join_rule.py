@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from decoctl.serve._join_rule import JOIN_GAIN, MIN_CHUNK, MIN_STEPS, PREFILL_SHARE, SWITCH_GAIN, JoinRule
+from decoctl.serve._join_rule import (
+    JOIN_GAIN,
+    KINDS_KEPT,
+    MIN_CHUNK,
+    MIN_STEPS,
+    PREFILL_SHARE,
+    SWITCH_GAIN,
+    JoinRule,
+)
 
 
 def chunk(rule: JoinRule, span: int, remaining: int, capacity: int | None = None) -> int:
@@ -226,3 +234,19 @@ def test_the_prefill_share_sets_a_full_batchs_budget() -> None:
     assert JoinRule().prefill_budget(8) is None
     with pytest.raises(ValueError, match="prefill_share"):
         JoinRule(prefill_share=0)
+
+
+def test_the_kinds_a_rule_keeps_are_bounded_and_the_least_recently_seen_goes_first() -> None:
+    rule = JoinRule()
+    for number in range(KINDS_KEPT * 20):  # as many option spellings as clients care to send
+        rule.observe_step(row=number, tokens=2, seconds=0.01, kind=("speculative", f'{{"k": {number}}}'))
+        rule.forget(number)
+    assert len(rule._kinds) == KINDS_KEPT
+    kept = ("speculative", '{"k": 0}')
+    for _ in range(MIN_STEPS):
+        rule.observe_step(row="a", tokens=3, seconds=0.01, kind=kept)
+    for number in range(KINDS_KEPT - 1):  # every other kind is seen again after it; it was seen more recently
+        rule.observe_step(row="b", tokens=1, seconds=0.01, kind=("lookahead", str(number)))
+    assert rule.estimate("new row", kept) is not None
+    rule.observe_step(row="b", tokens=1, seconds=0.01, kind=("lookahead", "one more"))
+    assert rule.estimate("new row", kept) is None

@@ -185,3 +185,19 @@ def test_a_body_over_the_limit_is_a_413(live: Live) -> None:
 def test_echo_is_refused_by_name(live: Live) -> None:
     status, message = refused(live, completion(echo=True))
     assert status == 400 and "'echo'" in message and "not supported" in message
+
+
+def test_metric_labels_are_installed_controller_names_whatever_the_request_spells(live: Live) -> None:
+    for spelling in ("greedy", "GREEDY", "Greedy", "gReEdY", "sample", "SAMPLE", "Sample"):
+        options = {"temperature": 0.5} if spelling.lower() == "sample" else {}
+        body = completion(seed=1, decoctl={"controller": spelling, "options": options})
+        status, answer, _ = post(live.url + "/v1/completions", body)
+        assert status == 200, answer
+    with urllib.request.urlopen(live.url + "/metrics") as response:
+        text = response.read().decode()
+    labels = {
+        line.split('controller="', 1)[1].split('"', 1)[0]
+        for line in text.splitlines()
+        if line.startswith(("decoctl_prompt_tokens_total{", "decoctl_generated_tokens_total{"))
+    }
+    assert labels <= {"greedy", "sample"} and labels
