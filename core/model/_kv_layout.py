@@ -8,7 +8,7 @@ where the two disagree the export runs as neither says: onnxruntime-genai fails 
 are not the model's. ``check()`` refuses such an export by name, with the builder option or config edit that fixes
 it, before any session runs. Where the graph says more than the config (a window the config does not declare),
 the graph is what runs and nothing is refused. Whether this onnxruntime's kernel keeps a ring cache as the graph
-asks is what no file tells: decoctl.model._runner.probe_rings runs the graph to see.
+asks is what no file tells: decoctl.model._ring_probe runs the kernel to see.
 """
 
 from __future__ import annotations
@@ -54,11 +54,14 @@ class DeclaredWindow:
 class Attention:
     """One GroupQueryAttention node as the graph runs it: ``window`` its local_window_size (None or <= 0: the whole
     sequence), ``ring`` whether it keeps a window-sized cache (sliding_window_cache=1), ``rotary_positions`` the rows
-    of its rotary table (None where the table is not an initializer the graph holds)."""
+    of its rotary table (None where the table is not an initializer the graph holds); ``num_heads`` /
+    ``kv_num_heads`` its query and KV heads."""
 
     window: int | None
     ring: bool
     rotary_positions: int | None
+    num_heads: int | None = None
+    kv_num_heads: int | None = None
 
     @property
     def windowed(self) -> bool:
@@ -108,27 +111,29 @@ def graph_attention(model: bytes) -> dict[str, Attention]:
             window=node.int_attribute("local_window_size"),
             ring=bool(node.int_attribute("sliding_window_cache")),
             rotary_positions=rows.get(node.input(GQA_COS_CACHE)) if node.int_attribute("do_rotary") else None,
+            num_heads=node.int_attribute("num_heads"),
+            kv_num_heads=node.int_attribute("kv_num_heads"),
         )
         for past, node in found.items()
     }
 
 
-def check(spec: ModelSpec, graph: bytes | None, past_shapes: Mapping[str, list[Any]]) -> None:
+def check(spec: ModelSpec, graph: bytes | None, past_shapes: Mapping[str, list[Any]]) -> dict[int, Attention]:
     """Refuse (ModelLoadError) an onnxruntime-genai export whose config and graph describe different KV caches;
     see the module docstring. ``graph``: the graph's bytes as exported (None where it is too large to read here:
     only the config and the shapes are checked); ``past_shapes``: each past input's shape as the session reports
-    it."""
+    it. Returns the graph's GroupQueryAttention nodes by layer (empty where it has none, or was not read)."""
     if spec.layout != "genai":
-        return
+        return {}
     config_file = spec.path / GENAI_CONFIG
     declared = declared_window(config_file)
     _check_static_lengths(spec, config_file, declared, past_shapes)
     if graph is None:
-        return
+        return {}
     try:
         nodes = graph_attention(graph)
     except ModelLoadError:
-        return  # not a readable graph: onnxruntime's own load reports it
+        return {}  # not a readable graph: onnxruntime's own load reports it
     layers = {past: layer for layer in range(spec.num_layers) for past in spec.past_names(layer)[:1]}
     attention = {layers[past]: node for past, node in nodes.items() if past in layers}
     # a layer the config names and the graph lacks is Capabilities.from_session's to report
@@ -137,6 +142,7 @@ def check(spec: ModelSpec, graph: bytes | None, past_shapes: Mapping[str, list[A
     _check_rotary(spec, config_file, attention)
     if declared is not None:
         _check_window(spec, config_file, declared, attention)
+    return attention
 
 
 def _check_static_lengths(
@@ -235,6 +241,7 @@ def _window_dropped(spec: ModelSpec, config_file: Path, declared: DeclaredWindow
         "config says either. onnxruntime-genai's builder writes a window only on the layers that the Hugging Face "
         "config.json's layer_types marks \"sliding_attention\", and a config without layer_types (Mistral's) gets "
         f'none: add "layer_types": ["sliding_attention", ...] ({spec.num_layers} entries, one per layer) to the '
-        "model's config.json and export it again; a model without a sliding window is exported with "
-        '"sliding_window": null'
+        "model's config.json and export it again (a model without a sliding window is exported with "
+        f'"sliding_window": null); or, to run this export only as far as its window, where it is exact, set '
+        f"search.max_length in genai_config.json to {declared.window}"
     )

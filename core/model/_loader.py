@@ -17,9 +17,10 @@ from decoctl.model import _kv_layout as kv_layout
 from decoctl.model import _pipeline as pipelines
 from decoctl.model._capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model._encoder_decoder import Encoder, read_encoder
-from decoctl.model._kv_cache import kv_shape
+from decoctl.model._kv_cache import kv_dtype, kv_shape
 from decoctl.model._prefill import PrefillGraph, read_prefill
 from decoctl.model._ring_cache import DEFAULT_SLACK, RingLayer
+from decoctl.model._ring_probe import probe_rings
 from decoctl.model._spec import ModelSpec
 from decoctl.model._tokenizer import Tokenizer
 from decoctl.model._vision import ImagePreprocessor, TokenEmbedder, VisionParts, read_embedding_table
@@ -134,7 +135,9 @@ def load_model(
         pages.collapse()
     spec = _with_graph_kv(spec, session)
     past = {name for layer in range(spec.num_layers) for name in spec.past_names(layer)}
-    kv_layout.check(spec, source, {i.name: i.shape for i in session.get_inputs() if i.name in past})
+    attention = kv_layout.check(spec, source, {i.name: i.shape for i in session.get_inputs() if i.name in past})
+    if rings:
+        probe_rings(spec.onnx_file, rings, attention, spec.head_size, kv_dtype(session, spec))
     capabilities = Capabilities.from_session(
         session, spec, rewritten.inputs if rewritten else None, windowed.windows if windowed else (), rings
     )
@@ -153,9 +156,6 @@ def load_model(
         vision=vision,
         prefill=prefill,
     )
-    from decoctl.model._ring_probe import probe_rings  # it runs the model: it builds on this module
-
-    probe_rings(model)
     log.debug(
         "decoctl.model_loaded",
         model=model.name,

@@ -5,7 +5,7 @@ at load with the reason and the fix, before it can run past its window with wron
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,15 @@ from structlog.testing import capture_logs
 
 from decoctl.errors import ModelLoadError
 from decoctl.model import _ring_probe, load_model
-from decoctl.model._runner import Runner
 from decoctl.testing import build_genai_model
+
+
+@pytest.fixture(autouse=True)
+def fresh_probes() -> Iterator[None]:
+    """The kernel probe remembers its answers for the process: each test here starts and ends without them."""
+    _ring_probe._kernel_failure.cache_clear()
+    yield
+    _ring_probe._kernel_failure.cache_clear()
 
 
 def edit_config(folder: Path, change: Callable[[dict[str, Any]], None]) -> Path:
@@ -95,30 +102,31 @@ def test_ring_caches_without_the_shared_buffer_are_refused_at_load(tmp_path: Pat
         load_model(folder, threads=1)
 
 
-def test_the_ring_probe_runs_at_load_past_the_window(tmp_path: Path) -> None:
+def test_the_ring_probe_runs_the_kernel_at_the_ring_layers_shape(tmp_path: Path) -> None:
     folder = build_genai_model(tmp_path / "m", seed=1, num_layers=3, local_window_size=8, ring_cache=True)
 
     with capture_logs() as events:
         load_model(folder, threads=1)
 
-    assert [e["kernel_window"] for e in events if e["event"] == "decoctl.ring_probe_ok"] == [8]
+    probes = [
+        (e["heads"], e["kv_heads"], e["head_size"], e["window"]) for e in events if e["event"] == "decoctl.ring_probe"
+    ]
+    assert probes == [(4, 2, 16, 8)]
 
 
 def test_a_kernel_whose_ring_run_differs_from_the_full_length_run_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As an onnxruntime whose GroupQueryAttention ignored sliding_window_cache would run: stood in for by a ring
-    run whose logits are off once the window is full."""
+    run whose attention is off once the ring is full."""
     folder = build_genai_model(tmp_path / "m", seed=1, num_layers=3, local_window_size=8, ring_cache=True)
+    full_length = _ring_probe.ring_outputs
 
-    class Misreading(Runner):
-        def run(self, tokens: np.ndarray, *args: Any, **kwargs: Any) -> Any:
-            out = super().run(tokens, *args, **kwargs)
-            if self.kv.rings is not None and self.kv.length > self.kv.rings.groups[0].capacity:
-                out.logits[...] += 1.0
-            return out
+    def misread(session: Any, qkv: Any, prompt: int, capacity: int) -> list[np.ndarray]:
+        outputs = full_length(session, qkv, prompt, capacity)
+        return [o + 1.0 for o in outputs] if capacity == prompt else outputs
 
-    monkeypatch.setattr(_ring_probe, "Runner", Misreading)
+    monkeypatch.setattr(_ring_probe, "ring_outputs", misread)
 
-    with pytest.raises(ModelLoadError, match=r"other logits than over full-length buffers .* windowed_kv_cache=false"):
+    with pytest.raises(ModelLoadError, match=r"layers \[0, 1\] keep .* other attention .* windowed_kv_cache=false"):
         load_model(folder, threads=1)
