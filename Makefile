@@ -167,3 +167,9 @@ eagle-demo: $(EAGLE_TRAIN_STAMP) build/corpus/train.txt
 
 clean:
 	rm -rf $(VENV) $(TOOLS) build $(DIST) *.egg-info
+
+# the API reference: pdoc over exactly the public modules (decoctl._api.PUBLIC_MODULES) into build/docs; a public name
+# without a docstring, a cross-reference that leads nowhere, or any warning fails it
+.PHONY: docs
+docs: $(TEST_STAMP)
+	$(BIN)/python -W error tools/api_docs.py build/docs

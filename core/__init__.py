@@ -2,7 +2,7 @@
 
 A small host runs the model and exposes step primitives; decoding strategies are plugins.
 
-The names below are loaded on first use (PEP 562), so that importing a low layer (``decoctl.model._tree``) or a
+The names below are loaded on first use (PEP 562), so that importing a low layer (the model runtime) or a
 plugin's hook module loads nothing above it, and ``import decoctl`` alone loads no onnxruntime.
 """
 

@@ -482,6 +482,7 @@ def build_parser(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``decoctl`` command line with ``argv`` (default: the process's arguments); its exit status."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     verbose = _leading_verbosity(arguments)
     with _logging_to_stderr(verbose):

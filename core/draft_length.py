@@ -82,26 +82,26 @@ __all__ = [
     "remembered",
 ]
 
-#: the slope of c(n) (and of u(b), relative to its one measured point) before two sizes are measured: optimistic for
-#: a CPU (0.2-0.3 measured), so longer drafts get tried and then priced on what they really cost
 PRIOR_SLOPE = 0.1
-#: zero-draft choices in a row before the cost rule probes drafting again; the wait doubles after every probe
+"""The slope of c(n) (and of u(b), relative to its one measured point) before two sizes are measured: optimistic for
+a CPU (0.2-0.3 measured), so longer drafts get tried and then priced on what they really cost."""
 PROBE_AFTER = 8
-#: the longest wait between probes
+"""Zero-draft choices in a row before the cost rule probes drafting again; the wait doubles after every probe."""
 PROBE_AFTER_MOST = 1024
-#: a probe waits while what drafting has lost so far is above this fraction of the time measured
+"""The longest wait between probes."""
 PROBE_BUDGET = 0.01
-#: drafting steps the gate judges by (the latest ones, at least this many, at most twice as many)
+"""A probe waits while what drafting has lost so far is above this fraction of the time measured."""
 JUDGE_AFTER = 8
-#: drafting steps in a row after which one plain step re-times the one-token forward
+"""Drafting steps the gate judges by (the latest ones, at least this many, at most twice as many)."""
 REFRESH_EVERY = 32
-#: a generation's first steps run slower than its later ones (2.1, 1.8, 1.8, 1.7 ms, then 1.6 ms for pycode): plain
-#: steps among the first this many time the unit only while there is no other measurement
+"""Drafting steps in a row after which one plain step re-times the one-token forward."""
 WARM_STEPS = 4
-#: the weight a bucket's earlier drafts keep at each new step (recent acceptance counts most)
+"""A generation's first steps run slower than its later ones (2.1, 1.8, 1.8, 1.7 ms, then 1.6 ms for pycode): plain
+steps among the first this many time the unit only while there is no other measurement."""
 ACCEPTANCE_DECAY = 0.95
-#: the weight earlier timings of a size keep at each new one
+"""The weight a bucket's earlier drafts keep at each new step (recent acceptance counts most)."""
 TIMING_DECAY = 0.95
+"""The weight earlier timings of a size keep at each new one."""
 
 
 class DraftLength:
@@ -143,6 +143,7 @@ class DraftLength:
         """A new generation on the same model (an adaptive rule keeps what it measured)."""
 
     def stats(self) -> dict[str, object]:
+        """What the rule ends a generation with, for the controller's stats()."""
         return {"k_final": self.value}
 
 
@@ -350,6 +351,7 @@ class DraftGate:
             self._wait = PROBE_AFTER
 
     def stats(self) -> dict[str, object]:
+        """What the gate measured and decided, for the controller's stats()."""
         unit = self.unit
         return {
             "probes": self.probes,
@@ -495,6 +497,7 @@ class CostAwareLength(DraftLength):
         return _priced(self._catch_up.sizes, lambda size: self._catch_up.mean(size) / unit, rows)
 
     def stats(self) -> dict[str, object]:
+        """What the cost rule measured and chose, for the controller's stats()."""
         unit = self._unit()
         out: dict[str, object] = {
             "k_final": self.value,

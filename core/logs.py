@@ -26,8 +26,8 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 __all__ = ["LOGGER", "get_logger", "logger_name"]
 
-#: the stdlib logger every decoctl event goes through (set its level or give it a handler to see them)
 LOGGER = "decoctl"
+"""The stdlib logger every decoctl event goes through (set its level or give it a handler to see them)."""
 
 logging.getLogger(LOGGER).addHandler(logging.NullHandler())
 

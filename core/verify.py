@@ -398,6 +398,7 @@ class Verifier:
         return taken
 
     def stats(self) -> dict[str, int | float]:
+        """The verification's counters (steps, drafts tried and accepted, ...), for the controller's stats()."""
         return {
             "steps": self.steps,
             "drafted": self.drafted,
@@ -436,6 +437,7 @@ class LookupIndex:
         self._index: dict[tuple[int, ...], int] = {}  # n-gram -> the position after its latest indexed occurrence
 
     def extend(self, tokens: Iterable[int]) -> None:
+        """Append ``tokens`` to the context and index the n-grams they complete (see the class docstring)."""
         context = self.tokens
         first = max(len(context), 1)
         context.extend(tokens)
@@ -446,6 +448,8 @@ class LookupIndex:
                     index[tuple(context[end - size : end])] = end
 
     def find(self, limit: int) -> tuple[list[int], int]:
+        """Up to ``limit`` tokens that followed the latest earlier occurrence of the context's longest indexed
+        suffix, and that suffix's length (([], 0) when none occurred)."""
         context = self.tokens
         length = len(context)
         if limit <= 0:

@@ -94,6 +94,7 @@ class LibraryController:
         self._stats: dict[str, Any] = {}
 
     def start(self, host: Host) -> None:
+        """Create the C controller's instance over ``host`` (or reset the one it has, where the library can)."""
         instance = self._instance
         if instance is not None and self.entry.reset is not None:
             instance.bind(host)
@@ -111,6 +112,7 @@ class LibraryController:
             raise
 
     def step(self, host: Host) -> None:
+        """One step of the C controller; its instance is destroyed when the generation is done."""
         instance = self._instance
         if instance is None:
             raise AbiError(f"{self.entry.label}: step() before start(): the generator calls start(host) first")

@@ -46,8 +46,11 @@ __all__ = [
 log = get_logger(__name__)
 
 ABI_MAJOR = 1
+"""The ABI major version this host speaks: a library built for another major is refused when it loads."""
 ABI_MINOR = 4
+"""The newest ABI minor version this host speaks (a library built for an older minor of the same major loads)."""
 ENTRY_SYMBOL = "decoctl_plugin_entry"
+"""The one data symbol a controller library exports (abi/decoctl.h)."""
 MAX_CONTROLLERS = 1024  # more than this in one entry means the entry is garbage, not a big library
 
 if lib is not None and (lib.DECOCTL_ABI_MAJOR, lib.DECOCTL_ABI_MINOR) != (ABI_MAJOR, ABI_MINOR):
@@ -127,6 +130,8 @@ class ControllerEntry:
 
     @classmethod
     def from_struct(cls, path: Path, index: int, pointer: Any) -> ControllerEntry:
+        """Read the library ``path``'s controller ``index`` from its ``decoctl_controller`` struct (``pointer``),
+        checking its struct_size and every function it must provide."""
         owner = f"{path}: controllers[{index}]"
         if pointer == ffi.NULL:
             raise AbiError(f"{owner} is NULL: list only filled decoctl_controller pointers in decoctl_plugin_entry")

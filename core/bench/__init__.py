@@ -206,6 +206,8 @@ def build_contenders(
     registry: PluginRegistry,
     huge_pages: bool = False,
 ) -> list[tuple[str, Contender]]:
+    """The contenders ``specs`` name, as (label, contender), over the bench's model and roles (the model's bundle's
+    roles, then ``roles``); each model is loaded once."""
     roles = {**bundle_roles(model, registry), **roles}
     contenders: list[tuple[str, Contender]] = []
     loaded: dict[str | None, Any] = {}
@@ -495,6 +497,7 @@ HUGE_PAGES_HELP = (
 
 
 def add_bench_parser(commands: Any) -> None:
+    """Add ``decoctl bench`` and its options to the command line's subparsers ``commands``."""
     bench = commands.add_parser("bench", help="run contenders side by side and compare tokens/s")
     bench.add_argument("--model", "-m", help="registered model name or folder (default: the demo model)")
     bench.add_argument("--draft", help="model for the 'draft' role of contenders that use one")
@@ -623,6 +626,7 @@ def run(
 
 
 def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
+    """Run ``decoctl bench`` with its parsed arguments; the command's exit status."""
     if args.repeats < 1 or args.max_new_tokens < 1:
         raise ConfigError("--repeats and --max-new-tokens must be at least 1")
     if args.threads is not None and args.threads < 1:

@@ -151,11 +151,14 @@ class BeamSearch:
         self._finished = 0
 
     def start(self, host: Host) -> None:
+        """Make an output for each further hypothesis returned (num_return_sequences)."""
         # the other completions exist from the start, so that a chain that cannot serve several is refused at once
         for _ in range(self.num_return_sequences - 1):
             host.new_output(final=True)
 
     def step(self, host: Host) -> None:
+        """The whole search: fork the beams, step them in one Run until the search ends, and commit the best
+        hypotheses, one output each with its length-normalised score."""
         rows = host.rows("target")
         width = self.num_beams
         for _ in range(width - 1):
@@ -194,6 +197,7 @@ class BeamSearch:
             host.score(output, score)
 
     def stats(self) -> Mapping[str, Any]:
+        """The search's steps and how many hypotheses finished."""
         return {"beam_steps": self._steps, "finished_hypotheses": self._finished}
 
 
@@ -206,6 +210,7 @@ def _check(options: dict[str, Any]) -> None:
 
 
 def beam_spec() -> ControllerSpec:
+    """Beam search's ControllerSpec (controller "beam")."""
     return ControllerSpec(
         name="beam",
         summary="beam search, token for token as transformers' generate(num_beams=...)",

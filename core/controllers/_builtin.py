@@ -55,7 +55,9 @@ class Controller(Protocol):
     ``scratch_for`` as static methods taking the parsed options (decoctl.plugins.controller_spec_of).
     """
 
-    def step(self, host: Host) -> None: ...
+    def step(self, host: Host) -> None:
+        """Commit at least one token (or finish the generation) with the host's primitives."""
+        ...
 
 
 def start_controller(controller: Any, host: Host) -> None:
@@ -72,7 +74,9 @@ class RowController(Protocol):
     read from ``host.target.logits()``'s last row; the batch commits it and feeds it. Its ControllerSpec says
     ``batched=True`` (a controller class with ``next_token`` gets it without saying so)."""
 
-    def next_token(self, host: Host) -> int: ...
+    def next_token(self, host: Host) -> int:
+        """The token step() would commit next, from the last row of ``host.target.logits()``."""
+        ...
 
 
 class Greedy:
@@ -82,6 +86,7 @@ class Greedy:
         del options
 
     def start(self, host: Host) -> None:
+        """Nothing to set up: greedy keeps no state."""
         del host
 
     def next_token(self, host: Host) -> int:
@@ -89,6 +94,7 @@ class Greedy:
         return int(host.argmax(host.target.logits()[-1:])[0])
 
     def step(self, host: Host) -> None:
+        """Commit the processed argmax of the target's last logits and feed it."""
         target = host.target
         token = int(host.argmax(target.logits()[-1:])[0])
         host.commit((token,))
@@ -148,6 +154,8 @@ class Sample:
         return sample_from_logits(row, host.rng, self.temperature)
 
     def start(self, host: Host) -> None:
+        """With several samples (n, best_of), fork the prompt's row for each, with an output and a random stream
+        of its own."""
         samples = self.best_of
         if samples == 1:
             return
@@ -162,6 +170,8 @@ class Sample:
         self._pending = np.repeat(prompt_row, samples, axis=0)
 
     def step(self, host: Host) -> None:
+        """Draw the next token from the processed distribution and commit it (every unfinished sample's, in one
+        batched Run, with several samples)."""
         if self.best_of > 1:
             self._step_samples(host)
             return
@@ -200,6 +210,7 @@ class Sample:
         return float(self._logprob[sample]) / max(1, int(self._taken[sample]))
 
     def stats(self) -> Mapping[str, Any]:
+        """With several samples: how many were drawn and kept, and the tokens they took."""
         if self.best_of == 1:
             return {}
         return {"samples": self.best_of, "kept": self.n, "tokens": int(self._taken.sum())}
@@ -219,6 +230,7 @@ def _sample_rows(options: dict[str, Any]) -> int:
 
 
 def builtin_controllers() -> tuple[ControllerSpec, ...]:
+    """The baselines' ControllerSpecs (greedy, sample, beam), which decoctl's own plugin contributes."""
     return (
         ControllerSpec(
             name="greedy",

@@ -49,9 +49,9 @@ __all__ = [
     "run_batch",
 ]
 
-#: the keys a line of a prompts file may hold; ``source`` is a note for people (where the prompt was cut from, as
-#: the bundled prompt files say) that generation does not read
 PROMPT_KEYS = ("prompt", "max_new_tokens", "seed", "stop", "source")
+"""The keys a line of a prompts file may hold; ``source`` is a note for people (where the prompt was cut from, as the
+bundled prompt files say) that generation does not read."""
 
 T = TypeVar("T")
 

@@ -29,8 +29,8 @@ from decoctl.errors import ConfigError, ModelLoadError
 
 __all__ = ["CHAT_TEMPLATE_FILE", "SPECIAL_TOKEN_NAMES", "ChatPrompt", "ChatTemplate", "encode_prompt"]
 
-#: the file transformers (>= 4.43) saves a tokenizer's chat template in, next to tokenizer_config.json
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+"""The file transformers (>= 4.43) saves a tokenizer's chat template in, next to tokenizer_config.json."""
 #: the named special tokens transformers passes to a template (its SPECIAL_TOKENS_ATTRIBUTES)
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 #: transformers refuses templates under jinja2 3.1.6: older versions have known sandbox escapes

@@ -64,6 +64,7 @@ class GenerationResult:
 
     @classmethod
     def of(cls, host: Host, stats: GenerationStats) -> GenerationResult:
+        """The result of the generation ``host`` ran: each of its outputs a completion, first the first."""
         completions = tuple(
             Completion(text=o.text, tokens=tuple(o.tokens), stop_reason=o.stop_reason, score=score)
             for o, score in host.completions()

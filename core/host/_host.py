@@ -41,6 +41,7 @@ __all__ = ["ForwardSizes", "Host", "Sequence", "SequenceStats", "debug_default"]
 _NEXT_ONLY: tuple[tuple[int, ...], ...] = ((),)
 _NO_TOKENS = np.zeros(0, np.int64)
 TREE_TRANSFORM_HINT = "run `decoctl models enable-tree SRC DST` to add position_ids and attention_bias inputs"
+"""How a model without tree inputs gets them, for the errors that refuse a tree forward."""
 #: debug mode: how many bytes of retired (NaN-filled) output buffers a role keeps alive, so that a stale pointer
 #: reads NaN instead of memory the allocator handed to something else; the last retired set is always kept
 RETIRED_BYTES = 64 << 20
@@ -52,6 +53,7 @@ def role_flag(role: str) -> str:
 
 
 def debug_default() -> bool:
+    """Whether stale views raise by default: ``DECOCTL_DEBUG`` set, and not to 0."""
     return os.environ.get("DECOCTL_DEBUG", "") not in ("", "0")
 
 
@@ -676,6 +678,7 @@ class Host:
 
     # -- roles ------------------------------------------------------------------------------------------
     def role(self, name: str) -> Sequence:
+        """Role ``name``'s Sequence (also ``host[name]``); ConfigError naming the roles given when it is not one."""
         try:
             return self._roles[name]
         except KeyError:
@@ -738,6 +741,7 @@ class Host:
         return sum(len(o.tokens) for o in self._outputs)
 
     def output_done(self, output: int = 0) -> bool:
+        """Whether output ``output`` has stopped (EOS, a stop string, its length)."""
         return self._completion(output).done
 
     def output_ids(self, output: int = 0) -> np.ndarray:
@@ -798,6 +802,7 @@ class Host:
         return all(o.done for o in self._outputs)
 
     def is_eos(self, token: int) -> bool:
+        """Whether ``token`` is one of the target's end-of-sequence tokens."""
         return self._output.is_eos(int(token))
 
     @property

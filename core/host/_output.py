@@ -80,9 +80,12 @@ class Output:
         return view
 
     def is_eos(self, token: int) -> bool:
+        """Whether ``token`` ends the output (one of the stop rules' EOS ids)."""
         return token in self.rules.eos_token_ids
 
     def commit(self, tokens: Iterable[int]) -> int:
+        """Append ``tokens`` until a stop rule ends the output (EOS, max_new_tokens, capacity, a stop string);
+        returns how many were taken."""
         taken: list[int] = []
         rules, output = self.rules, self.tokens
         eos, stops = rules.eos_token_ids, rules.stop_strings

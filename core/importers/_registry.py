@@ -40,6 +40,8 @@ def data_dir() -> Path:
 
 
 def models_dir() -> Path:
+    """The folder ``decoctl models import`` and ``decoctl eagle import|train`` write models into by default
+    (``$XDG_DATA_HOME/decoctl/models``)."""
     return data_dir() / "models"
 
 
@@ -63,6 +65,7 @@ class RegisteredModel:
 
     @classmethod
     def from_json(cls, name: str, entry: Any, *, registry: Path) -> RegisteredModel:
+        """The entry ``name`` of the registry file ``registry``; ModelLoadError naming the file when it is broken."""
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
             raise ModelLoadError(
                 f"the model registry {registry} has a broken entry {name!r} (no 'path'): run "
@@ -76,6 +79,7 @@ class RegisteredModel:
         )
 
     def to_json(self) -> dict[str, str]:
+        """The entry as the registry file stores it."""
         return {"path": str(self.path), "summary": self.summary, "source": self.source}
 
 

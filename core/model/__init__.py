@@ -3,8 +3,8 @@
 Its public modules are this package (``load_model`` and what it gives), ``decoctl.model.graph`` (graph rewrites:
 tree inputs, taps) and ``decoctl.model.eagle_graph`` (the EAGLE head writer); every other module is private.
 
-The names below load on first use (PEP 562): importing one module of the runtime (``decoctl.model._tree``) loads
-neither the others nor onnxruntime.
+The names below load on first use (PEP 562): importing one module of the runtime (the tree's, say) loads neither the
+others nor onnxruntime.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ __all__ = ["Capabilities"]
 HIDDEN_STATES = "hidden_states"
 AUX_HIDDEN_STATES = "aux_hidden_states"
 ATTENTION_BIAS = "attention_bias"
-#: the extra input of a draft head (EAGLE) that takes another model's features: float32[batch, sequence, width]
 FEATURES = "target_hidden_states"
+"""The extra input of a draft head (EAGLE) that takes another model's features: float32[batch, sequence, width]."""
 #: the boolean input of Optimum's merged decoder (decoder_model_merged.onnx): False runs the graph traced without a
 #: past, True the one with it
 USE_CACHE_BRANCH = "use_cache_branch"

@@ -495,6 +495,7 @@ class Runner:
             self._record(np.asarray(tokens, np.int64), 0)
 
     def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions of the KV cache (a rewind)."""
         self.kv.truncate(length)
 
     def copy_from(self, other: Runner) -> None:
@@ -511,6 +512,7 @@ class Runner:
         self._one = None
 
     def gather(self, positions: np.ndarray, start: int) -> None:
+        """Move the KV rows at ``positions`` (int64[k], ascending) to ``start``.. (a tree's kept path)."""
         self.kv.gather(positions, start)
         if self._embedder is not None:
             self._record(self._history[positions].copy(), start)

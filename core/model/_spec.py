@@ -36,6 +36,7 @@ __all__ = [
 log = get_logger(__name__)
 
 GENAI_CONFIG = "genai_config.json"
+"""The config file of onnxruntime-genai's layout."""
 OPTIMUM_CONFIG = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 GENERATION_CONFIG = "generation_config.json"
@@ -359,13 +360,16 @@ class ModelSpec:
     encoder_decoder: EncoderDecoderParts | None = None
 
     def past_names(self, layer: int) -> tuple[str, str]:
+        """Layer ``layer``'s past key and value input names."""
         return self.past_key_pattern % layer, self.past_value_pattern % layer
 
     def present_names(self, layer: int) -> tuple[str, str]:
+        """Layer ``layer``'s present key and value output names."""
         return self.present_key_pattern % layer, self.present_value_pattern % layer
 
     @classmethod
     def from_folder(cls, path: str | Path) -> ModelSpec:
+        """The spec of the model folder ``path``, in whichever layout it is (detect_layout)."""
         folder = Path(path).expanduser().resolve()
         layout = detect_layout(folder)
         if layout == "genai":
@@ -426,8 +430,8 @@ class ModelSpec:
     @classmethod
     def from_optimum_config(cls, folder: Path) -> ModelSpec:
         """Read an Optimum folder: config.json + a decoder graph (past_key_values.N.* -> present.N.*): model.onnx,
-        else the merged decoder (decoder_model_merged.onnx), else decoder_with_past_model.onnx (see
-        :func:`optimum_graph_file`). The config's names are read per architecture (GPT-2's ``n_layer``, ``n_head``,
+        else the merged decoder (decoder_model_merged.onnx), else decoder_with_past_model.onnx, the first found.
+        The config's names are read per architecture (GPT-2's ``n_layer``, ``n_head``,
         ``n_embd``, ``n_positions``, as transformers' ``attribute_map`` has them)."""
         config_path = folder / OPTIMUM_CONFIG
         config = _read_json(config_path)
@@ -467,7 +471,8 @@ class ModelSpec:
     @classmethod
     def from_encoder_decoder_config(cls, folder: Path) -> ModelSpec:
         """Read an Optimum encoder-decoder folder (T5, BART, Marian): config.json, encoder_model.onnx and the decoder
-        graphs (:func:`encoder_decoder_files`), tokenizer.json. The spec describes the decoder: its self-attention KV
+        graphs (decoder_model.onnx and decoder_with_past_model.onnx, or the merged decoder), tokenizer.json. The
+        spec describes the decoder: its self-attention KV
         (``past_key_values.N.decoder.*`` -> ``present.N.decoder.*``) is the cache that rewinds; ``encoder_decoder``
         holds the rest. The decoder starts from config.json's (else generation_config.json's)
         ``decoder_start_token_id``."""

@@ -50,6 +50,8 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: Path, *, bos_token_id: int | None, add_bos: bool) -> Tokenizer:
+        """The tokenizer.json at ``path``, with the model's BOS rule (``add_bos``: encode puts ``bos_token_id``
+        first)."""
         try:
             inner = HfTokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises plain Exception subclasses for every parse failure
@@ -83,12 +85,15 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``, special tokens left out."""
         return self._inner.decode(list(ids), skip_special_tokens=True)
 
     def token_to_id(self, token: str) -> int | None:
+        """The id of the token spelt ``token``, or None."""
         return self._inner.token_to_id(token)
 
     def detokenizer(self) -> IncrementalDetokenizer:
+        """A new incremental detokenizer over this tokenizer."""
         return IncrementalDetokenizer(self)
 
     def to_json(self) -> str:

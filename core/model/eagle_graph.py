@@ -73,10 +73,15 @@ __all__ = [
 ]
 
 EAGLE1 = "eagle-1"
+"""EAGLE-1 and EAGLE-2 heads: fed the target's final hidden states (width H)."""
 EAGLE3 = "eagle-3"
+"""EAGLE-3 heads: fed three taps of the target's residual stream and their own feature (width 4H)."""
 ARCHITECTURES = (EAGLE1, EAGLE3)
+"""Every architecture the writer knows."""
 MODEL_TYPE = "eagle"
+"""genai_config.json's model type of a head folder."""
 LAYER = "layers.0."
+"""The prefix of the decoder layer's weights (EAGLE-3's ``midlayer.`` is renamed to it before a head is written)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -145,6 +150,7 @@ class HeadDims:
         }
 
     def to_json(self) -> dict[str, Any]:
+        """The sizes as a head folder's genai_config.json records them (its ``decoctl`` section)."""
         return {
             "architecture": self.architecture,
             "hidden_size": self.hidden,

@@ -32,13 +32,14 @@ __all__ = ["BUILTIN_PLUGIN", "ENTRY_POINT_GROUP", "PROJECT", "PluginRegistry", "
 PROJECT = "decoctl"
 ENTRY_POINT_GROUP = "decoctl"
 DISABLE_ENV = "DECOCTL_DISABLE_PLUGINS"
-#: the entry point (in decoctl's own distribution) that contributes the greedy and sample baselines
 BUILTIN_PLUGIN = "decoctl"
+"""The entry point (in decoctl's own distribution) that contributes the greedy and sample baselines."""
 
 log = get_logger(__name__)
 
 _hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
+"""The marker of a plugin's hook implementations: ``@hookimpl def decoctl_controllers(): ...``."""
 
 
 class _Hookspecs:
@@ -339,12 +340,15 @@ class PluginRegistry:
 
     # -- facade -----------------------------------------------------------------------------------------
     def controllers(self) -> dict[str, ControllerSpec]:
+        """Every plugin's controllers by normalised name (PluginError naming both plugins for a name given twice)."""
         return self._collect("decoctl_controllers", "controller", ControllerSpec)
 
     def processors(self) -> dict[str, ProcessorSpec]:
+        """Every plugin's logits processors by normalised name."""
         return self._collect("decoctl_logits_processors", "logits processor", ProcessorSpec)
 
     def models(self) -> dict[str, ModelBundle]:
+        """Every plugin's model bundles by normalised name."""
         return self._collect("decoctl_models", "model", ModelBundle)
 
     def commands(self) -> dict[str, CommandSpec]:
@@ -404,6 +408,7 @@ class PluginRegistry:
         return found
 
     def notify_start(self, *, prompt: str, controller: str, roles: Mapping[str, str]) -> None:
+        """Call the decoctl_generation_start observers."""
         self._pm.hook.decoctl_generation_start(prompt=prompt, controller=controller, roles=dict(roles))
 
     def commit_observed(self) -> bool:
@@ -411,9 +416,11 @@ class PluginRegistry:
         return bool(self._pm.hook.decoctl_commit.get_hookimpls())
 
     def notify_commit(self, *, tokens: list[int], text: str) -> None:
+        """Call the decoctl_commit observers."""
         self._pm.hook.decoctl_commit(tokens=tokens, text=text)
 
     def notify_end(self, *, stats: Any, error: BaseException | None) -> None:
+        """Call the decoctl_generation_end observers."""
         self._pm.hook.decoctl_generation_end(stats=stats, error=error)
 
 

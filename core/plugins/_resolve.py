@@ -276,9 +276,9 @@ def _split_items(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-#: what ``processors=`` takes: a chain string, or a list mixing chain strings, tables, (name, options) pairs and
-#: processor objects
 Processors: TypeAlias = str | Seq[Any] | ProcessorChain | None
+"""What ``processors=`` takes: a chain string, or a list mixing chain strings, tables, (name, options) pairs and
+processor objects."""
 
 
 def parse_processor_chain(chain: Processors, registry: PluginRegistry) -> ProcessorChain:

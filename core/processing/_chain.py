@@ -418,9 +418,11 @@ class ProcessorChain:
         return bound_through(self._bounds, top, second) is not None
 
     def commit(self, tokens: Sequence[int]) -> None:
+        """Tell the processors that keep state per sequence that ``tokens`` were committed."""
         for commit in self._commits:
             commit(tokens)
 
     def reset(self, prompt: np.ndarray) -> None:
+        """Start the processors that keep state per sequence afresh on ``prompt`` (int64[n])."""
         for reset in self._resets:
             reset(prompt)

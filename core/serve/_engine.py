@@ -167,6 +167,7 @@ class Handle:
         self.submitted = time.perf_counter()
 
     def cancel(self) -> None:
+        """Give the request up (its client left): the engine ends it at its next step and frees its rows."""
         self._cancelled.set()
 
     @property

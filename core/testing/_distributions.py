@@ -31,8 +31,8 @@ __all__ = [
     "softmax",
 ]
 
-#: the second-token cell for "the first token ended the generation"
 NO_SECOND = -1
+"""The second-token cell for "the first token ended the generation"."""
 
 RowProcessor = Callable[[np.ndarray, list[int]], np.ndarray]
 
@@ -119,9 +119,11 @@ class PenaliseSeen:
         return rows
 
     def commit(self, tokens: Any) -> None:
+        """Nothing to keep: what it has seen is each row's prefix."""
         del tokens
 
     def reset(self, prompt: Any) -> None:
+        """Nothing to forget."""
         del prompt
 
 
@@ -136,4 +138,5 @@ class PenaliseSeenPlugin:
 
     @hookimpl
     def decoctl_logits_processors(self) -> list[ProcessorSpec]:
+        """The processor "penalise-seen"."""
         return [ProcessorSpec(name="penalise-seen", summary="test processor", factory=PenaliseSeen)]

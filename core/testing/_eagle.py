@@ -71,7 +71,6 @@ __all__ = [
 ]
 
 _LAYER = "layers.0."
-#: every weight an EAGLE-1 head needs, as float32 arrays laid out for MatMul (x @ W, so projections are [in, out])
 HEAD_WEIGHTS = (
     "embed_tokens",  # [vocab, hidden], the target's
     "fc",  # [2 * hidden, hidden]: concat(embedding, feature) -> hidden
@@ -93,9 +92,10 @@ HEAD_WEIGHTS = (
     "final_norm",  # [hidden], the target's
     "lm_head",  # [hidden, vocab], the target's
 )
+"""Every weight an EAGLE-1 head needs, as float32 arrays laid out for MatMul (x @ W, so projections are [in, out])."""
 _SHARED = ("embed_tokens", "final_norm", "lm_head")
-#: optional: int64[n], the target ids of the lm_head's n columns (a draft vocabulary)
 DRAFT_IDS = "draft_ids"
+"""Optional: int64[n], the target ids of the lm_head's n columns (a draft vocabulary)."""
 
 
 def build_eagle_head(

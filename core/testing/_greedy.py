@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # the helpers run Generators they are given; importing them h
 __all__ = ["TIE_GAP", "assert_greedys_tokens", "first_divergence_is_a_tie"]
 
 TIE_GAP = 1e-4
+"""Logits closer than this are a tie: where two runs' greedy tokens first differ, a tie is no error (rounding may
+pick either)."""
 
 
 def first_divergence_is_a_tie(

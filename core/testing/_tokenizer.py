@@ -25,9 +25,20 @@ __all__ = [
     "write_tokenizer_config",
 ]
 
-BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<|bos|>", "<|eos|>", "<|pad|>"
-BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID = 0, 1, 2
+BOS_TOKEN = "<|bos|>"
+"""The testing tokenizer's beginning-of-sequence token."""
+EOS_TOKEN = "<|eos|>"
+"""The testing tokenizer's end-of-sequence token (the testing models' EOS)."""
+PAD_TOKEN = "<|pad|>"
+"""The testing tokenizer's padding token."""
+BOS_TOKEN_ID = 0
+"""The id of BOS_TOKEN."""
+EOS_TOKEN_ID = 1
+"""The id of EOS_TOKEN."""
+PAD_TOKEN_ID = 2
+"""The id of PAD_TOKEN."""
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN)
+"""The special tokens, in id order."""
 
 # The smallest vocabulary a byte-level BPE can have: the special tokens and the 256 bytes.
 _MIN_VOCAB = len(SPECIAL_TOKENS) + 256
@@ -120,6 +131,7 @@ squares = {n: n * n for n in range(20)}
 total = sum(squares.values())
 message = f"{len(primes)} primes, total of squares = {total}"
 '''
+"""The Python text the testing tokenizer's BPE merges are trained on."""
 
 
 def build_tokenizer(path_or_dir: str | Path, vocab_size: int = 384) -> Path:

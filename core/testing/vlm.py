@@ -28,12 +28,13 @@ from decoctl.testing import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, build_toke
 __all__ = ["IMAGE_MARK", "IMAGE_TOKENS", "NEEDED", "Llava", "build_llava", "main", "missing"]
 
 NEEDED = ("onnxruntime_genai", "onnx_ir", "torch", "transformers", "PIL")
+"""The packages building the model needs (``missing()`` says which are not installed)."""
 IMAGE_SIZE = 28
 PATCH = 14
-#: image tokens per image: (28 / 14)^2 patches, the CLS token dropped ("default" feature selection)
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH) ** 2
-#: the placeholder a prompt holds where an image goes (expanded to IMAGE_TOKENS image tokens)
+"""Image tokens per image: (28 / 14)^2 patches, the CLS token dropped ("default" feature selection)."""
 IMAGE_MARK = "<image>"
+"""The placeholder a prompt holds where an image goes (expanded to IMAGE_TOKENS image tokens)."""
 MEAN = (0.48145466, 0.4578275, 0.40821073)
 STD = (0.26862954, 0.26130258, 0.27577711)
 
@@ -249,6 +250,7 @@ def _write_configs(out: Path, image_token: int, vision: Any) -> None:
 
 
 def main() -> None:
+    """``python -m decoctl.testing.vlm FOLDER``: build the tiny LLaVA there."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m decoctl.testing.vlm", description=__doc__.splitlines()[0])

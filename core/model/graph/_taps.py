@@ -45,9 +45,9 @@ log = get_logger(__name__)
 
 HIDDEN_STATES = "hidden_states"
 AUX_HIDDEN_STATES = "aux_hidden_states"
-#: ONNX metadata: the layers whose entering residual stream ``aux_hidden_states`` holds, comma separated (written by
-#: enable_taps and by decoctl.testing's build_genai_model(tap_layers=...))
 TAP_LAYERS_KEY = "decoctl.taps.entering_layers"
+"""ONNX metadata: the layers whose entering residual stream ``aux_hidden_states`` holds, comma separated (written by
+enable_taps and by decoctl.testing's build_genai_model(tap_layers=...))."""
 _INPUT_NORM = re.compile(r"^/model/layers\.(\d+)/input_layernorm(/|$)")
 # walking back from the logits to the lm_head and the final norm passes these (a last-position slice, a cast,
 # Gemma 2's soft-capping)

@@ -47,6 +47,7 @@ log = get_logger(__name__)
 POSITION_IDS = "position_ids"
 ATTENTION_BIAS = "attention_bias"
 GENAI_CONFIG = "genai_config.json"
+"""The config file of onnxruntime-genai's layout, which the rewrites read and write beside the graph."""
 
 # GroupQueryAttention's input slots in onnxruntime's contrib operator schema (since version 1).
 
