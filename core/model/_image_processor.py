@@ -85,6 +85,12 @@ _SIZE_SHAPES = (
     {"max_height", "max_width"},
 )
 #: shapes transformers accepts in a config but its PIL backend cannot resize to
+#: the most pixels an image may have, as given and after its resize, unless the caller says otherwise (50 million: a
+#: 7,000 x 7,000 photograph); checked from the file's header, before anything is decoded
+MAX_PIXELS = 50_000_000
+#: the most images one request to the server may carry unless its operator says otherwise (decoctl serve --max-images)
+MAX_IMAGES = 8
+
 _SIZE_SHAPES_REFUSED = ({"longest_edge"}, {"min_pixels", "max_pixels"})
 
 
@@ -255,9 +261,11 @@ class ImagePreprocessor:
             )
         return np.stack(pixels) if pixels else np.zeros((0, 3, 0, 0), np.float32)
 
-    def each(self, images: Sequence[Any]) -> list[np.ndarray]:
-        """One float32[3, height, width] per image (file paths, the files' bytes or PIL images), in order."""
-        pixels = [self._one(_read(image, index), index) for index, image in enumerate(images)]
+    def each(self, images: Sequence[Any], *, max_pixels: int = MAX_PIXELS) -> list[np.ndarray]:
+        """One float32[3, height, width] per image (file paths, the files' bytes or PIL images), in order.
+        ConfigError for an image of more than ``max_pixels`` pixels, as given (read from its header, before it is
+        decoded) or once resized."""
+        pixels = [self._one(_read(image, index, max_pixels), index, max_pixels) for index, image in enumerate(images)]
         if self.pad_to_largest and pixels:
             target = max(p.shape[1] for p in pixels), max(p.shape[2] for p in pixels)
             pixels = [_pad_bottom_right(p, target, index, "the largest image's") for index, p in enumerate(pixels)]
@@ -265,7 +273,7 @@ class ImagePreprocessor:
             pixels = [_pad_bottom_right(p, self.pad, index, "pad_size") for index, p in enumerate(pixels)]
         return pixels
 
-    def _one(self, picture: Any, index: int) -> np.ndarray:
+    def _one(self, picture: Any, index: int, max_pixels: int = MAX_PIXELS) -> np.ndarray:
         from PIL import Image
 
         rgb = self._rgb(picture, index)
@@ -281,6 +289,11 @@ class ImagePreprocessor:
                     f"image {index} ({rgb.width}x{rgb.height}) would be resized to {width}x{height} under "
                     f"{self.processor}'s size {attrs.asdict(self.resize, filter=lambda _, v: v is not None)}: "
                     "transformers fails on it too; crop the image to a less extreme aspect ratio"
+                )
+            if height * width > max_pixels:
+                raise ConfigError(
+                    f"image {index} ({rgb.width}x{rgb.height}) would be resized to {width}x{height}, more than the "
+                    f"limit of {max_pixels:,} pixels: crop it to a less extreme aspect ratio"
                 )
             rgb = rgb.resize((width, height), self.resample)
         pixels: np.ndarray = np.asarray(rgb)
@@ -322,14 +335,25 @@ class ImagePreprocessor:
             ) from exc
 
 
-def _read(image: Any, index: int) -> Any:
+def _within(size: tuple[int, int], index: int, max_pixels: int, shown: str) -> None:
+    width, height = size
+    if width * height > max_pixels:
+        raise ConfigError(
+            f"image {index} ({shown}) is {width}x{height}, {width * height:,} pixels, more than the limit of "
+            f"{max_pixels:,}: send it scaled down (the model sees it resized anyway)"
+        )
+
+
+def _read(image: Any, index: int, max_pixels: int = MAX_PIXELS) -> Any:
     """A PIL image from a path or bytes (as transformers' load_image reads a path or a data: URL: EXIF orientation
-    applied, RGB), or the PIL image given."""
+    applied, RGB), or the PIL image given. ConfigError for one of more than ``max_pixels`` pixels, checked on the
+    header before the pixels are decoded."""
     try:
         from PIL import Image, ImageOps, UnidentifiedImageError
     except ImportError as exc:
         raise ConfigError("images need Pillow: pip install 'decoctl[vision]' (or pip install pillow)") from exc
     if isinstance(image, Image.Image):
+        _within(image.size, index, max_pixels, "a PIL image")
         try:
             image.load()
         except (OSError, ValueError, SyntaxError, EOFError) as exc:
@@ -342,6 +366,7 @@ def _read(image: Any, index: int) -> Any:
     try:
         source = image if isinstance(image, (str, Path)) else io.BytesIO(image)
         with Image.open(source) as opened:
+            _within(opened.size, index, max_pixels, _shown(image))
             opened.load()
             return ImageOps.exif_transpose(opened).convert("RGB")
     except Image.DecompressionBombError as exc:

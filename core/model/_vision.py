@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from decoctl.errors import CapabilityError, ConfigError, ModelLoadError, SequenceError
-from decoctl.model._image_processor import ImagePreprocessor
+from decoctl.model._image_processor import MAX_PIXELS, ImagePreprocessor
 from decoctl.model.graph import _protowire as pw
 
 __all__ = ["ImageFeatures", "ImagePreprocessor", "TokenEmbedder", "VisionParts", "read_embedding_table"]
@@ -160,12 +160,13 @@ class VisionParts:
         self.image_token = image_token
         self.encoder_runs = 0
 
-    def encode(self, images: Sequence[Any]) -> ImageFeatures:
-        """Run the vision encoder once per image; the features of every image, in order."""
+    def encode(self, images: Sequence[Any], *, max_pixels: int = MAX_PIXELS) -> ImageFeatures:
+        """Run the vision encoder once per image; the features of every image, in order. ConfigError for an image
+        of more than ``max_pixels`` pixels (as given or once resized), before it is decoded where its header says."""
         if not images:
             return ImageFeatures(rows=np.zeros((0, self.embedder.hidden), np.float32), per_image=())
         parts = []
-        for index, pixels in enumerate(self.preprocessor.each(images)):
+        for index, pixels in enumerate(self.preprocessor.each(images, max_pixels=max_pixels)):
             self.encoder_runs += 1
             try:
                 out = self.vision.run([self.feature_output], {self.pixel_input: pixels[None]})[0]

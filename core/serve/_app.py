@@ -34,6 +34,7 @@ from starlette.routing import Route
 from decoctl.errors import ConfigError
 from decoctl.generation import ChatTemplate
 from decoctl.logs import get_logger
+from decoctl.model._image_processor import MAX_IMAGES, MAX_PIXELS
 from decoctl.model._vision import ImageFeatures
 from decoctl.serve._engine import (
     Delta,
@@ -72,6 +73,9 @@ from decoctl.serve._protocol import TokenLogprob as ChatTokenLogprob
 from decoctl.serve._translate import choice_for
 
 __all__ = ["create_app"]
+
+#: images decoded and encoded at once, on worker threads
+IMAGE_WORKERS = 2
 
 log = get_logger(__name__)
 
@@ -137,9 +141,16 @@ def create_app(
     model_name: str,
     chat_template: ChatTemplate | None = None,
     api_key: str | None = None,
+    max_images: int = MAX_IMAGES,
+    max_image_pixels: int = MAX_PIXELS,
+    image_workers: int = IMAGE_WORKERS,
 ) -> Starlette:
-    """The server's ASGI app over ``engine`` (started at the app's start-up, drained at its shutdown)."""
+    """The server's ASGI app over ``engine`` (started at the app's start-up, drained at its shutdown). A chat request
+    carries at most ``max_images`` images of at most ``max_image_pixels`` pixels each (as sent, read from the header
+    before decoding, and once resized); images are decoded and encoded before the request is queued, at most
+    ``image_workers`` at a time, on worker threads (never the event loop or the engine thread)."""
     metrics = Metrics(engine)
+    image_work = anyio.CapacityLimiter(image_workers)
     tokenizer = engine.models["target"].tokenizer
     vocab_size = engine.models["target"].spec.vocab_size
     created = int(time.time())
@@ -477,14 +488,22 @@ def create_app(
         vision = engine.models["target"].vision
         if vision is None:
             raise _Refusal(400, f"model {model_name!r} has no vision encoder: send text parts only", param="messages")
-        pictures = [_image_bytes(url) for url in urls]
+        if len(urls) > max_images:
+            raise _Refusal(
+                400,
+                f"the request carries {len(urls)} images, more than this server's limit of {max_images} "
+                "(decoctl serve --max-images): send fewer",
+                param="messages",
+            )
 
         def encode() -> tuple[list[int], ImageFeatures]:
-            features = vision.encode(pictures)  # once per image, beside the engine thread's decoder
+            pictures = [_image_bytes(url) for url in urls]
+            # once per image, beside the engine thread's decoder
+            features = vision.encode(pictures, max_pixels=max_image_pixels)
             return vision.expand(list(prompt.ids), features), features
 
         try:
-            ids, features = await anyio.to_thread.run_sync(encode)
+            ids, features = await anyio.to_thread.run_sync(encode, limiter=image_work)
         except ConfigError as exc:
             raise _Refusal(400, str(exc), param="messages") from None
         return await respond(request, body, [tuple(ids)], max_tokens, logprobs, chat=True, images=features)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from decoctl.errors import ConfigError
+from decoctl.model._image_processor import MAX_IMAGES, MAX_PIXELS
 from decoctl.plugins import PluginRegistry
 from decoctl.serve._join_rule import PREFILL_SHARE, JoinRule
 
@@ -67,9 +68,28 @@ def add_serve_parsers(commands: Any) -> None:
         "more admits prompts sooner and keeps the batch fuller, less keeps the decoding rows' inter-token latency low",
     )
     serve.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="every answer bitwise decoctl generate's under any load: prompts in forwards of 2 tokens or more, no "
+        "joined speculation, rows stepped alone where a model's batched step differs (costs: docs/BENCHMARKS.md)",
+    )
+    serve.add_argument(
         "--api-key", help="require 'Authorization: Bearer KEY' on /v1/ (default: $DECOCTL_API_KEY, else none)"
     )
     serve.add_argument("--name", help="the model id clients send (default: the model's name)")
+    serve.add_argument(
+        "--max-images",
+        type=int,
+        default=MAX_IMAGES,
+        help=f"images one chat request may carry (default {MAX_IMAGES}); more are a 400",
+    )
+    serve.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=MAX_PIXELS,
+        help=f"pixels an image may have, as sent and once resized (default {MAX_PIXELS:,}); more are a 400, "
+        "checked before the image is decoded",
+    )
     chat = commands.add_parser("chat", help="chat with a model in the terminal (needs pip install 'decoctl[chat]')")
     _add_model_arguments(chat)
     chat.add_argument("--controller", "-c", default="greedy", help="an installed controller (default greedy)")
@@ -135,10 +155,18 @@ def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
         max_length=args.max_length,
         prefill_chunk=args.prefill_chunk,
         join_rule=JoinRule(prefill_share=args.prefill_share),
+        deterministic=args.deterministic,
     )
     api_key = args.api_key or os.environ.get("DECOCTL_API_KEY") or None
     name = args.name or target.name
-    app = create_app(engine, model_name=name, chat_template=template, api_key=api_key)
+    app = create_app(
+        engine,
+        model_name=name,
+        chat_template=template,
+        api_key=api_key,
+        max_images=args.max_images,
+        max_image_pixels=args.max_image_pixels,
+    )
     # the socket is bound here, so the address printed is the one bound (--port 0 picks a free port)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import shutil
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 from decoctl import Generator, load_model
+from decoctl.model._image_processor import MAX_IMAGES, MAX_PIXELS
 
 from .conftest import API_KEY, Live, openai, plugin_registry, start_server
 from .test_refusals import post, refused
@@ -102,6 +105,45 @@ def test_data_that_is_not_an_image_is_a_400_naming_it(vision_live: VisionLive) -
     status, answer, _ = post(vision_live.url + "/v1/chat/completions", body)
 
     assert status == 400 and "is not an image" in answer["error"]["message"]
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that says it is ``width`` x ``height`` (greyscale) and holds no pixel data: what a decompression bomb
+    looks like before it is decoded, in a few bytes."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+def test_an_image_over_the_pixel_limit_is_a_400_naming_the_limit_before_it_is_decoded(vision_live: VisionLive) -> None:
+    body = {"model": NAME, "messages": [image_message(png_header(10_000, 6_000))]}
+
+    status, answer, _ = post(vision_live.url + "/v1/chat/completions", body)
+
+    message = answer["error"]["message"]
+    assert status == 400 and "10000x6000" in message and f"limit of {MAX_PIXELS:,}" in message
+
+
+def test_a_decompression_bomb_is_a_400_not_a_500(vision_live: VisionLive) -> None:
+    body = {"model": NAME, "messages": [image_message(png_header(15_000, 15_000))]}  # 218 KB as a real PNG
+
+    status, answer, _ = post(vision_live.url + "/v1/chat/completions", body)
+
+    assert status == 400 and "too large" in answer["error"]["message"]
+
+
+def test_more_images_than_the_limit_is_a_400_naming_it(vision_live: VisionLive) -> None:
+    message = image_message(vision_live.picture)
+    parts = message["content"] * (MAX_IMAGES + 1)  # type: ignore[operator]
+    body = {"model": NAME, "messages": [{"role": "user", "content": parts}]}
+
+    status, answer, _ = post(vision_live.url + "/v1/chat/completions", body)
+
+    assert status == 400 and f"limit of {MAX_IMAGES}" in answer["error"]["message"]
+    assert "--max-images" in answer["error"]["message"]
 
 
 def test_an_image_for_a_text_only_model_is_a_400(live: Live) -> None:

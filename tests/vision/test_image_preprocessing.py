@@ -391,3 +391,13 @@ def test_images_stacked_together_must_come_out_the_same_size() -> None:
     with pytest.raises(ConfigError, match=r"come out in different sizes \(30x15, 10x20\)"):
         preprocessor(pictures)
     assert preprocessor(pictures[:1]).shape == (1, 3, 15, 30)
+
+
+def test_an_image_over_the_pixel_limit_is_refused_from_its_size_as_given_and_once_resized() -> None:
+    decoctl = ImagePreprocessor.from_config(LLAVA_HF)  # shortest edge to 16, then a centre crop
+    with pytest.raises(ConfigError, match=r"image 0 \(a PIL image\) is 100x100, 10,000 pixels, more than the limit"):
+        decoctl.each([Image.new("RGB", (100, 100))], max_pixels=9_999)
+    thin = Image.new("RGB", (2000, 5))  # 10,000 pixels that the resize makes 6,400 x 16
+    with pytest.raises(ConfigError, match="would be resized to 6400x16, more than the limit of 20,000 pixels"):
+        decoctl.each([thin], max_pixels=20_000)
+    assert decoctl.each([Image.new("RGB", (120, 80))], max_pixels=20_000)[0].shape == (3, 16, 16)
