@@ -74,6 +74,9 @@ from decoctl.serve._translate import choice_for
 
 __all__ = ["create_app"]
 
+#: how deeply a request's JSON may nest (OpenAI's requests nest a few levels; JSON schemas a few more)
+MAX_JSON_DEPTH = 64
+_TOO_DEEP = object()
 #: images decoded and encoded at once, on worker threads
 IMAGE_WORKERS = 2
 
@@ -117,6 +120,22 @@ class _Submitted:
     def cancel(self) -> None:
         for handle in self.handles:
             handle.cancel()
+
+
+def _depth(value: Any) -> int:
+    """How deeply JSON ``value`` nests objects and arrays (a scalar is 0), without recursion."""
+    deepest = 0
+    todo = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_JSON_DEPTH:
+            break
+        todo.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _image_bytes(url: str) -> bytes:
@@ -176,6 +195,10 @@ def create_app(
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise _Refusal(400, f"the request body is not valid JSON ({exc})") from None
+        except RecursionError:  # nested deeper than Python's parser goes
+            data = _TOO_DEEP
+        if data is _TOO_DEEP or _depth(data) > MAX_JSON_DEPTH:
+            raise _Refusal(400, f"the request body nests JSON more than {MAX_JSON_DEPTH} levels deep: flatten it")
         if not isinstance(data, dict):
             raise _Refusal(400, "the request body must be a JSON object")
         try:

@@ -75,6 +75,9 @@ class ChatMessage(_Strict):
     name: str | None = None
 
 
+#: tokens one request's logit_bias may name (each becomes work on every step)
+MAX_LOGIT_BIAS = 1024
+
 Stop = str | Annotated[list[str], Field(max_length=4)] | None
 
 
@@ -89,7 +92,9 @@ class _Sampling(_Strict):
     stream_options: StreamOptions | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    logit_bias: (
+        Annotated[dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]], Field(max_length=MAX_LOGIT_BIAS)] | None
+    ) = None
     #: OpenAI's end-user id: it changes nothing in the output (as at OpenAI)
     user: str | None = None
     decoctl: DecoctlChoice | None = None

@@ -201,3 +201,26 @@ def test_metric_labels_are_installed_controller_names_whatever_the_request_spell
         if line.startswith(("decoctl_prompt_tokens_total{", "decoctl_generated_tokens_total{"))
     }
     assert labels <= {"greedy", "sample"} and labels
+
+
+@pytest.mark.parametrize("levels", [65, 100_000])
+def test_json_nested_past_the_limit_is_a_400_naming_it(live: Live, levels: int) -> None:
+    nested = "[" * levels + "]" * levels
+    body = f'{{"model": "{MODEL}", "prompt": "x", "decoctl": {{"options": {{"deep": {nested}}}}}}}'.encode()
+    status, message = refused(live, body)
+    assert status == 400 and "more than 64 levels deep" in message
+
+
+def test_a_logit_bias_past_the_limit_is_a_400_naming_it(live: Live) -> None:
+    status, message = refused(live, completion(logit_bias={str(token): 1.0 for token in range(100_000)}))
+    assert status == 400 and "logit_bias" in message and "1024" in message
+
+
+def test_thousands_of_stop_strings_are_a_400_naming_the_limit(live: Live) -> None:
+    status, message = refused(live, completion(stop=[f"s{n}" for n in range(5000)]))
+    assert status == 400 and "stop" in message
+
+
+def test_a_body_that_is_not_utf8_is_a_400(live: Live) -> None:
+    status, message = refused(live, b'{"model": "tiny", "prompt": "\xff\xfe"}')
+    assert status == 400 and "not valid JSON" in message
