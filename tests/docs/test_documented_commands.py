@@ -335,6 +335,10 @@ OPT_IN: dict[str, Run] = {
     "decoctl serve -m pycode --max-rows 8 --port 18302 --ray-replicas 1 --threads 2": Run(
         timeout=600, port=18302, needs=(RAY,)
     ),
+    # README, "Install": the environment the wheels went into
+    "~/decoctl-env/bin/decoctl --version": Run(
+        needs=(Need.path("~/decoctl-env/bin/decoctl", made_by="~/decoctl-env/bin/pip install dist/*.whl"),)
+    ),
     # Gemma 3 270M: the import (about 2 minutes, 3.5 GB of memory) and what runs on it
     IMPORT: Run(timeout=1800, needs=(IMPORT_EXTRA,)),
     IMPORT_INT8: Run(timeout=1800, needs=(IMPORT_EXTRA,)),
@@ -632,6 +636,8 @@ PLACEHOLDER = "a placeholder for the reader's own {}"
 NOT_RUN: dict[str, str] = {
     "make demo": ENVIRONMENT,
     "make test": ENVIRONMENT,
+    "make dist": "builds every sdist and wheel: make test builds and installs them (make test-installed)",
+    "python3.11 -m venv ~/decoctl-env && ~/decoctl-env/bin/pip install dist/*.whl": INSTALL,
     "pip install -e '.[ort-genai,bench]'": INSTALL,
     "pip install torch==2.13.0": INSTALL,
     "pip install 'decoctl[import]'": INSTALL,
