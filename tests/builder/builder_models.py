@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,16 @@ def run_builder(hf: Path, out: Path) -> Path:
     return out
 
 
-def export(root: Path, model: Any, *, eos: tuple[int, ...], **tokenizer: Any) -> Export:
+def export(
+    root: Path,
+    model: Any,
+    *,
+    eos: tuple[int, ...],
+    config_for_builder: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    **tokenizer: Any,
+) -> Export:
+    """Save ``model`` and export it; ``config_for_builder``: config.json as the builder must read it, where the
+    builder reads transformers' own config otherwise than transformers writes it."""
     from transformers import GenerationConfig
 
     hf = root / "hf"
@@ -117,6 +127,9 @@ def export(root: Path, model: Any, *, eos: tuple[int, ...], **tokenizer: Any) ->
         bos_token_id=BOS_TOKEN_ID, eos_token_id=list(eos) if len(eos) > 1 else eos[0], pad_token_id=PAD_TOKEN_ID
     )
     model.save_pretrained(hf)
+    if config_for_builder is not None:
+        path = hf / "config.json"
+        path.write_text(json.dumps(config_for_builder(json.loads(path.read_text(encoding="utf-8")))), encoding="utf-8")
     save_tokenizer(hf, **tokenizer)
     return Export(hf=hf, onnx=run_builder(hf, root / "onnx"), eos=eos)
 
@@ -168,20 +181,20 @@ def lfm2(root: Path) -> Export:
 WINDOW = 16
 
 
-def gemma2(root: Path) -> Export:
-    """Gemma 2: sliding-window layers (window 16) between full ones, which the builder exports by default with
+def gemma2(root: Path, window: int = WINDOW) -> Export:
+    """Gemma 2: sliding-window layers (0 and 2) between full ones, which the builder exports by default with
     window-sized ring caches (GroupQueryAttention's sliding_window_cache=1)."""
     require_builder()
     import torch
     import transformers
 
     torch.manual_seed(4)
-    config = transformers.Gemma2Config(num_hidden_layers=3, sliding_window=WINDOW, head_dim=16, **DIMS)
+    config = transformers.Gemma2Config(num_hidden_layers=3, sliding_window=window, head_dim=16, **DIMS)
     return export(root, transformers.Gemma2ForCausalLM(config).eval(), eos=(EOS_TOKEN_ID,))
 
 
-def gpt_oss(root: Path) -> Export:
-    """gpt-oss: alternating sliding-window (16) and full layers, attention sinks and a mixture of experts; the
+def gpt_oss(root: Path, window: int = WINDOW) -> Export:
+    """gpt-oss: alternating sliding-window and full layers, attention sinks and a mixture of experts; the
     builder's default export keeps ring caches on the windowed layers."""
     require_builder()
     import torch
@@ -191,6 +204,65 @@ def gpt_oss(root: Path) -> Export:
         pytest.skip(f"transformers {transformers.__version__} has no gpt-oss")
     torch.manual_seed(5)
     config = transformers.GptOssConfig(
-        num_hidden_layers=2, sliding_window=WINDOW, head_dim=16, num_local_experts=4, num_experts_per_tok=2, **DIMS
+        num_hidden_layers=2, sliding_window=window, head_dim=16, num_local_experts=4, num_experts_per_tok=2, **DIMS
     )
     return export(root, transformers.GptOssForCausalLM(config).eval(), eos=(EOS_TOKEN_ID,))
+
+
+def mistral(root: Path, window: int = WINDOW, *, layer_types: bool = False) -> Export:
+    """Mistral: a sliding window on every layer. Its config names no layer_types, and the builder writes a window
+    only on the layers layer_types marks "sliding_attention": the default export declares the window in
+    genai_config.json and applies it nowhere. ``layer_types``: the config lists every layer as sliding (the fix
+    decoctl's refusal names), and the builder exports each with a ring cache."""
+    require_builder()
+    import torch
+    import transformers
+
+    torch.manual_seed(6)
+    types = {"layer_types": ["sliding_attention"] * 2} if layer_types else {}
+    config = transformers.MistralConfig(num_hidden_layers=2, sliding_window=window, **types, **DIMS)
+    return export(root, transformers.MistralForCausalLM(config).eval(), eos=(EOS_TOKEN_ID,))
+
+
+def gemma3(root: Path, window: int = WINDOW) -> Export:
+    """Gemma 3 (text): two sliding-window layers, then a full one, with per-kind rotary bases; config.json is
+    flattened for the builder as decoctl's Gemma 3 importer does (transformers 5 nests rope_parameters by kind)."""
+    require_builder()
+    import torch
+    import transformers
+
+    from decoctl.importers._gemma3 import builder_config
+
+    torch.manual_seed(7)
+    kinds = ["sliding_attention", "sliding_attention", "full_attention"]
+    config = transformers.Gemma3TextConfig(
+        num_hidden_layers=3, sliding_window=window, head_dim=16, layer_types=kinds, **DIMS
+    )
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    return export(root, model, eos=(EOS_TOKEN_ID,), config_for_builder=builder_config)
+
+
+def qwen2_windowed(root: Path, window: int = WINDOW) -> Export:
+    """Qwen2 with use_sliding_window: the layers from max_window_layers (1) on are windowed."""
+    require_builder()
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(8)
+    config = Qwen2Config(
+        num_hidden_layers=3, use_sliding_window=True, sliding_window=window, max_window_layers=1, **DIMS
+    )
+    return export(root, Qwen2ForCausalLM(config).eval(), eos=(EOS_TOKEN_ID,), tokenizer_class="Qwen2Tokenizer")
+
+
+def qwen3(root: Path, window: int = WINDOW) -> Export:
+    """Qwen3 (q/k norms) with use_sliding_window: the layers from max_window_layers (1) on are windowed."""
+    require_builder()
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(9)
+    config = Qwen3Config(
+        num_hidden_layers=3, use_sliding_window=True, sliding_window=window, max_window_layers=1, head_dim=16, **DIMS
+    )
+    return export(root, Qwen3ForCausalLM(config).eval(), eos=(EOS_TOKEN_ID,), tokenizer_class="Qwen2Tokenizer")
