@@ -91,7 +91,7 @@ test-installed: $(DIST_STAMP)
 		$(CURDIR)/$(INSTALLED_VENV)/bin/python -m pytest -q -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) \
 		-n $(JOBS) --durations 15 $(CURDIR)/tests $(CURDIR)/plugins
 
-test: lint
+test: lint docs
 	$(MAKE) test-installed
 	$(MAKE) test-exports
 	$(MAKE) test-ray
@@ -171,6 +171,8 @@ clean:
 # the API reference: pdoc over exactly the public modules (decoctl._api.PUBLIC_MODULES) into build/docs; a public name
 # without a docstring, a cross-reference that leads nowhere, or any warning fails it
 .PHONY: docs
+# the API reference of the public modules (decoctl._api.PUBLIC_MODULES) with pdoc, into build/docs: a public name
+# without a docstring, a link that leads nowhere or any warning fails it
 docs: $(TEST_STAMP)
 	$(BIN)/python -W error tools/api_docs.py build/docs
 
