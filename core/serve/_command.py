@@ -70,8 +70,9 @@ def add_serve_parsers(commands: Any) -> None:
     serve.add_argument(
         "--deterministic",
         action="store_true",
-        help="every answer bitwise decoctl generate's under any load: prompts in forwards of 2 tokens or more, no "
-        "joined speculation, rows stepped alone where a model's batched step differs (costs: docs/BENCHMARKS.md)",
+        help="every answer bitwise decoctl generate's under any load: prompts in generate's forwards (whole, or "
+        "--prefill-chunk C at positions 0, C, 2C, ... as generate --prefill-chunk C), no joined speculation, rows "
+        "stepped alone where a model's batched step differs (costs: docs/BENCHMARKS.md, Serving)",
     )
     serve.add_argument(
         "--api-key", help="require 'Authorization: Bearer KEY' on /v1/ (default: $DECOCTL_API_KEY, else none)"

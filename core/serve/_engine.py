@@ -22,8 +22,23 @@ Each iteration of the engine's loop (decoctl.generation's loop, with rows that c
    all together, finds that their steps stall the others more than they gain;
 4. one ``Rows.step`` feeds the picked tokens of every row still running, in one onnxruntime Run;
 5. what each completion committed goes to its request's ``on_event``.
-A finished completion frees its row at once and the next waiting request takes it. Every completion's output is the
-one it gets alone: greedy token for token, sampling the same tokens for the same seed.
+A finished completion frees its row at once and the next waiting request takes it.
+
+What a row computes, and so its answer, depends on what else a step runs only through the shapes of its own
+forwards (tools/batch_invariance_probe.py measures it): on onnxruntime's CPU kernels a batched one-token step gives
+each row its one-row step's logits, but a position's logits and KV differ in the last bits with the forward that
+computes it: a one-token forward (a decode step, the prompt's last token fed in the batched Run) against the same
+position inside a prompt's forward (GroupQueryAttention's one-query kernel), and one prompt chunk against another
+(a 385-token chunk after 55 cached tokens against the 440-token prompt whole). Some exports' batched step also
+differs from a one-row step (MatMulNBits at accuracy level 0). By default, with chunks sized by the load, a near-tie
+may therefore go another way than ``decoctl generate`` goes. With ``deterministic`` every completion's logits are
+bitwise those of its offline twin, whatever else the engine runs: its prompt goes in the forwards ``decoctl generate``
+feeds it in (whole, or with ``prefill_chunk`` C the chunks at positions 0, C, 2C, ... as ``generate --prefill-chunk
+C`` feeds them; the step's budget chooses which prompts go, never where a chunk ends), its last token among them; a
+request's n completions prefill one each; speculating rows keep their own controllers (no joins); and on a model
+whose batched step differs from a one-row step (found at start) each row steps in a Run of its own. Greedy is then
+``generate``'s token for token and sampling its text for the seed; a drafting controller equals its own offline run
+where its draft lengths do not follow measured time (``adaptive`` false).
 
 Requests choose only among what the operator installed and loaded: a registered controller by name (never a path
 or a shared library), registered logits processors, and the roles the engine was given. A request's completions
@@ -241,6 +256,8 @@ class Engine:
     :param warm: run a token through every row once at start (see ``_warm``).
     :param prefill_chunk: feed prompts in chunks of at most this many tokens, one chunk a prompt an engine step
         (None: the chunks the join rule's measured costs allow while rows decode, prompts whole while none does).
+    :param deterministic: every completion's logits bitwise its offline twin's under any load (see the module
+        docstring); its costs are in docs/BENCHMARKS.md (Serving).
     """
 
     def __init__(
@@ -253,6 +270,7 @@ class Engine:
         max_length: int | None = None,
         prefill_chunk: int | None = None,
         warm: bool = True,
+        deterministic: bool = False,
         debug: bool | None = None,
         join_rule: JoinRule | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -275,6 +293,7 @@ class Engine:
         self.max_rows = max_rows
         self.max_queue = max_queue
         self.prefill_chunk = prefill_chunk
+        self.deterministic = deterministic
         self._debug = debug
         self.rows = Rows("target", target, capacity=max_rows, max_length=max_length, debug=debug)
         for _ in range(max_rows - 1):
@@ -282,6 +301,8 @@ class Engine:
         self.max_length = self.rows[0].max_length
         if warm:
             self._warm()
+        #: deterministic, on a model whose batched step's rows differ from one-row steps: each row steps alone
+        self.rows_alone = deterministic and max_rows > 1 and not self._batch_invariant()
         self._free = list(range(max_rows))
         self._slots: dict[int, _Slot] = {}
         self._spare: dict[str, list[Sequence]] = collections.defaultdict(list)
@@ -314,6 +335,30 @@ class Engine:
         for row in range(self.max_rows):
             self.rows[row].rewind(0)
             self.rows[row].stats = SequenceStats()
+
+    def _batch_invariant(self) -> bool:
+        """Whether a batched step gives every row, bitwise, the logits of that row's one-row step: every row is fed
+        a token after the same one, in one batched Run and then each in a Run of its own, and the rows emptied
+        again. The kernels that differ (MatMulNBits at accuracy level 0: one row takes a kernel of its own) differ
+        at any input."""
+        rows = self.max_rows
+        vocab = self.models["target"].spec.vocab_size
+        tokens = np.arange(1, rows + 1, dtype=np.int64) % vocab
+        for row in range(rows):
+            self.rows[row].rewind(0)
+            self.rows[row].prefill(np.zeros(1, np.int64), logits=False)
+        batched = np.array(self.rows.step(tokens), copy=True)
+        same = True
+        for row in range(rows):
+            self.rows[row].rewind(1)
+            alone = np.asarray(self.rows[row].forward((int(tokens[row]),)))[0]
+            same = same and bool(np.array_equal(alone, batched[row]))
+        for row in range(rows):
+            self.rows[row].rewind(0)
+            self.rows[row].stats = SequenceStats()
+        if not same:
+            log.info("decoctl.serve.rows_alone", model=self.models["target"].name)
+        return same
 
     # -- the caller's side (any thread) ------------------------------------------------------------------------
     @property
@@ -556,7 +601,11 @@ class Engine:
                 tokens.append(token)
         if stepped:
             began = self._clock()
-            self.rows.step(tokens, rows=stepped)
+            if self.rows_alone:
+                for row, token in zip(stepped, tokens, strict=True):
+                    self.rows[row].forward((token,))
+            else:
+                self.rows.step(tokens, rows=stepped)
             self.join_rule.observe_run(max(stepped) + 1, self._clock() - began)  # a Run computes rows 0..max
             self.batched_runs += 1
         for slot in starting:
@@ -713,8 +762,9 @@ class Engine:
 
     def _in_run(self, slot: _Slot) -> bool:
         """Whether the row, while rows decode, feeds its prompt's last token in the batched Run (a batched
-        controller's row, with no image features to place)."""
-        return slot.batched and slot.handle.request.images is None
+        controller's row, with no image features to place; never when deterministic, where the prompt's last token
+        goes in the prompt's own forward, as generate feeds it)."""
+        return slot.batched and slot.handle.request.images is None and not self.deterministic
 
     def _prompt_end(self, slot: _Slot, budget: float | None) -> tuple[bool, int]:
         """Whether the row feeds its prompt's last token in the batched Run (with rows decoding, ``budget`` given,
@@ -730,13 +780,20 @@ class Engine:
         done = slot.host.target.length
         if done >= end:
             return True
-        ending = not in_run and done + 1 == end
-        return (self.join_rule.prefill_seconds(1, logits=ending) or 0.0) <= budget
+        least = self._fixed_chunk(end - done) if self.deterministic else 1
+        ending = not in_run and done + least == end
+        return (self.join_rule.prefill_seconds(least, logits=ending) or 0.0) <= budget
+
+    def _fixed_chunk(self, remaining: int) -> int:
+        """Deterministic: the next chunk is the one ``generate`` feeds (the rest of the prompt, or with prefill_chunk
+        C the next C tokens: chunks start at multiples of C), whatever the step's budget."""
+        return remaining if self.prefill_chunk is None else min(self.prefill_chunk, remaining)
 
     def _prefill(self, slot: _Slot, budget: float | None) -> int | None:
         """Feed the next chunk of a completion's prompt: with rows decoding, the tokens that fit in ``budget``
         seconds by the join rule's prices (at least one), else (None) the rest; at most ``prefill_chunk`` either
-        way. After the last, start its controller. A chunk computes logits only where it ends the prompt (a chunk
+        way (deterministic: the chunk ``generate`` feeds, whatever the budget; see ``_fixed_chunk``). After the last,
+        start its controller. A chunk computes logits only where it ends the prompt (a chunk
         before computes none: the LM head skipped). With rows decoding, a batched controller's row feeds its
         prompt's last token in the batched Run, where its logits cost a row of the Run rather than an LM head of
         their own: that token is returned once the chunks before it are in (the caller feeds it, then calls
@@ -749,10 +806,13 @@ class Engine:
         if remaining > 0:
             logits = not in_run
             size = remaining
-            if budget is not None:
-                size = self.join_rule.prefill_tokens_within(budget, remaining, logits=logits)
-            if self.prefill_chunk is not None:
-                size = min(size, self.prefill_chunk)
+            if self.deterministic:
+                size = self._fixed_chunk(remaining)
+            else:
+                if budget is not None:
+                    size = self.join_rule.prefill_tokens_within(budget, remaining, logits=logits)
+                if self.prefill_chunk is not None:
+                    size = min(size, self.prefill_chunk)
             logits = logits and done + size == end
             began = self._clock()
             target.prefill(slot.prompt[done : done + size], logits=logits)
@@ -781,7 +841,9 @@ class Engine:
         slot.prompt = None
         slot.controller.start(slot.host)
         slot.forwards_at_decode = slot.host.target.stats.forwards
-        slot.joinable = _greedy_verifier(slot)
+        # deterministic: a speculating row keeps its controller, whose verify forwards compute its positions as its
+        # offline run does (a joined row's one-token steps compute them otherwise, in the last bits)
+        slot.joinable = _greedy_verifier(slot) and not self.deterministic
 
     def _sequence(self, role: str) -> Sequence:
         spare = self._spare[role]

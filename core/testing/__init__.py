@@ -1,7 +1,8 @@
 """Test helpers shipped with decoctl, for the tests of the host and of plugin distributions: tiny random-weight ONNX
-language models in both layouts and their tokenizer, EAGLE heads for them, the tie-aware comparison behind every
-"greedy's tokens" test, statistical checks that a sampling controller keeps the target's distribution, a clock that
-prices forwards by a cost model, and a serving engine's join rule on a fixed schedule.
+language models in both layouts and their tokenizer, an 8-bit (MatMulNBits) copy of one, EAGLE heads for them, the
+tie-aware comparison behind every "greedy's tokens" test, statistical checks that a sampling controller keeps the
+target's distribution, a clock that prices forwards by a cost model, and a serving engine's join rule on a fixed
+schedule.
 
 Everything is built on the fly from a seed, without torch and without downloads::
 
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
         reference_outputs,
         top2_gap,
     )
+    from decoctl.testing._quantize import quantize_int8
     from decoctl.testing._tokenizer import (
         BOS_TOKEN,
         BOS_TOKEN_ID,
@@ -96,6 +98,7 @@ _EXPORTS = {
         ("build_genai_model", "build_optimum_model", "reference_logits", "reference_outputs", "top2_gap"),
         "decoctl.testing._models",
     ),
+    "quantize_int8": "decoctl.testing._quantize",
     **dict.fromkeys(
         (
             "BOS_TOKEN",
@@ -141,6 +144,7 @@ __all__ = [
     "exact_two_token_marginals",
     "first_divergence_is_a_tie",
     "penalise_seen",
+    "quantize_int8",
     "reference_logits",
     "reference_outputs",
     "sample_two_tokens",
