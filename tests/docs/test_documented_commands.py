@@ -384,8 +384,9 @@ OPT_IN: dict[str, Run] = {
     "decoctl bench -m build/bench-models/small --contenders greedy -n 2048 --repeats 2 --threads 1": bench_recipe(
         SMALL
     ),
+    # a tree forward's cost on pycode: 20 s here, beyond CI's budget
     ".venv/bin/python tools/bench_tree.py plugins/models/decoctl_models/pycode --json "
-    "build/bench/tree-pycode.json": bench_recipe(),
+    "build/bench/tree-pycode.json": Run(timeout=900, after=(BENCH_DIR,)),
     ".venv/bin/python tools/bench_tree.py build/bench-models/100m --repeats 15 --json "
     "build/bench/tree-100m.json": bench_recipe(HUNDRED_M),
     "decoctl bench --contenders "
@@ -464,7 +465,7 @@ OPT_IN: dict[str, Run] = {
     (
         ".venv/bin/python tools/bench_host_step.py chain pycode "
         '"repetition_penalty=1.1,presence_penalty=0.1,frequency_penalty=0.1,no_repeat_ngram=6,min_new_tokens=2,top_k=40,top_p=0.95,temperature=0.8"'
-    ): bench_recipe(after=()),
+    ): Run(timeout=900),  # the host's cost a step, chain and no chain: 30 s here, beyond CI's budget
     "decoctl bench --batch 1,4,16 --threads 1 -n 64 --repeats 2 --json build/bench/batch-pycode.json": bench_recipe(
         ORT_GENAI
     ),
@@ -563,8 +564,12 @@ OPT_IN: dict[str, Run] = {
     "1 --no-register --precision fp32": Run(
         timeout=3600, after=(CORPUS,), fresh=("/tmp/eagle-fp32",), needs=(LONG, EAGLE_TRAIN)
     ),
-    ".venv/bin/python tools/abi_bench/bench_abi.py pycode --calls 200000 --repeats 1 -n 128": bench_recipe(after=()),
-    "python tools/bench_vlm_step.py build/tiny-llava --threads 1 --repeats 7": bench_recipe(TORCH, after=()),
+    # the C ABI's cost a call (40 s here) and a vision-language step's (after the tiny LLaVA's build, 20 s): beyond
+    # CI's budget
+    ".venv/bin/python tools/abi_bench/bench_abi.py pycode --calls 200000 --repeats 1 -n 128": Run(timeout=900),
+    "python tools/bench_vlm_step.py build/tiny-llava --threads 1 --repeats 7": Run(
+        timeout=900, after=(TINY_LLAVA,), fresh=("build/tiny-llava",), needs=(TORCH,)
+    ),
     (
         "decoctl bench -m build/encdec-demo/edit --draft build/encdec-demo/edit-draft --prompts "
         "examples/encdec_edit_prompts.jsonl --threads 1 -n 128 --repeats 3 --require-identical --contenders "
