@@ -167,9 +167,12 @@ def create_app(
     """The server's ASGI app over ``engine`` (started at the app's start-up, drained at its shutdown). A chat request
     carries at most ``max_images`` images of at most ``max_image_pixels`` pixels each (as sent, read from the header
     before decoding, and once resized); images are decoded and encoded before the request is queued, at most
-    ``image_workers`` at a time, on worker threads (never the event loop or the engine thread)."""
+    ``image_workers`` at a time, on worker threads (never the event loop or the engine thread); prompts are
+    tokenized and chat templates rendered on as many worker threads of their own."""
     metrics = Metrics(engine)
     image_work = anyio.CapacityLimiter(image_workers)
+    # tokenizing and rendering chat templates: on worker threads too, so that a long prompt never holds the event loop
+    text_work = anyio.CapacityLimiter(image_workers)
     tokenizer = engine.models["target"].tokenizer
     vocab_size = engine.models["target"].spec.vocab_size
     created = int(time.time())
@@ -486,7 +489,10 @@ def create_app(
             raise _Refusal(
                 400, "prompt is an empty list: give a string, a list of strings or token ids", param="prompt"
             )
-        prompts = [tuple(tokenizer.encode(p)) if isinstance(p, str) else tuple(p) for p in texts]
+        prompts = await anyio.to_thread.run_sync(
+            lambda: [tuple(tokenizer.encode(p)) if isinstance(p, str) else tuple(p) for p in texts],
+            limiter=text_work,
+        )
         return await respond(request, body, prompts, body.max_tokens, body.logprobs, chat=False)
 
     async def chat_completions(request: Request) -> Response:
@@ -497,8 +503,9 @@ def create_app(
                 f"model {model_name!r} has no chat template: use /v1/completions, or start the server with "
                 "--chat-template FILE",
             )
+        template = chat_template
         try:
-            prompt = chat_template.prompt(body.chat())
+            prompt = await anyio.to_thread.run_sync(lambda: template.prompt(body.chat()), limiter=text_work)
         except ConfigError as exc:
             raise _Refusal(400, str(exc), param="messages") from None
         if body.top_logprobs is not None and not body.logprobs:
