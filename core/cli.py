@@ -121,6 +121,7 @@ def _add_generate(commands: Any) -> None:
         metavar="ADDR",
         help="with --ray-actors: the Ray cluster to join (HOST:PORT, ray://HOST:PORT or auto; default: a local one)",
     )
+    gen.add_argument("--ray-wheels", metavar="DIR", help=RAY_WHEELS_HELP.format(flag="--ray-actors"))
 
 
 def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
@@ -148,6 +149,8 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         raise DecoctlError("--ray-actors needs --prompts FILE.jsonl: the actors share the file's prompts")
     if args.ray_address is not None and args.ray_actors is None:
         raise DecoctlError("--ray-address needs --ray-actors N: how many actors to run on that cluster")
+    if args.ray_wheels is not None and args.ray_actors is None:
+        raise DecoctlError("--ray-wheels needs --ray-actors N: the wheels are what the actors run")
     prompt = args.prompt if args.prompt is not None else (run.prompt if run else None)
     if prompt == "-":
         prompt = _read_stdin()
@@ -182,6 +185,7 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
             batch_size=args.batch_size or 8,
             actors=args.ray_actors,
             address=args.ray_address,
+            wheels=args.ray_wheels,
             limits={
                 "max_new_tokens": pick(args.max_new_tokens, "max_new_tokens", 128),
                 "stop": tuple(args.stop) or (run.stop if run else ()),
@@ -541,6 +545,14 @@ def _command(args: argparse.Namespace, registry: PluginRegistry) -> int:
     return commands[args.command](args, registry)
 
 
+#: --ray-wheels, for generate and serve
+RAY_WHEELS_HELP = (
+    "with {flag}: the folder of the wheels of decoctl and of the plugins installed here (make dist writes them to "
+    "dist/), which Ray's runtime environment installs on the workers (default: $DECOCTL_RAY_WHEELS, else the wheels "
+    "they were installed from, or built from their source folder)"
+)
+
+
 def _add_ray_serve(serve: argparse.ArgumentParser) -> None:
     """decoctl serve's options for Ray Serve replicas (decoctl.ray._serve)."""
     serve.add_argument(
@@ -561,11 +573,12 @@ def _add_ray_serve(serve: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help='with --ray-replicas: Ray Serve\'s autoscaling_config, e.g. \'{"min_replicas": 1, "max_replicas": 4}\'',
     )
+    serve.add_argument("--ray-wheels", metavar="DIR", help=RAY_WHEELS_HELP.format(flag="--ray-replicas"))
 
 
 def _run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
     if args.ray_replicas is None:
-        for flag in ("ray_address", "ray_autoscaling"):
+        for flag in ("ray_address", "ray_autoscaling", "ray_wheels"):
             if getattr(args, flag) is not None:
                 option = "--" + flag.replace("_", "-")
                 raise DecoctlError(f"{option} needs --ray-replicas N: how many replicas to serve from")

@@ -26,6 +26,7 @@ from decoctl.errors import ConfigError, DecoctlError, GenerationError
 from decoctl.generation import PROMPT_KEYS, BatchPrompt, Generator, read_prompts, result_record
 from decoctl.plugins import PluginRegistry, parse_processor_chain, resolve_controller, resolve_model
 from decoctl.ray._cluster import connect, require_cpus
+from decoctl.ray._runtime_env import worker_runtime_env
 from decoctl.specs import parse_options
 
 __all__ = [
@@ -71,6 +72,8 @@ def generate_dataset(
     stop: Sequence[str] = (),
     seed: int | None = 0,
     restarts: int = RESTARTS,
+    wheels: str | Path | None = None,
+    runtime_env: Mapping[str, Any] | None = None,
 ) -> Any:
     """``dataset`` (a ray.data.Dataset with a "prompt" column, and optionally "max_new_tokens", "seed" and "stop"
     ones, as a line of a prompts file has them) with each prompt's generation added: "text", "stats" (prompt_tokens,
@@ -86,11 +89,18 @@ def generate_dataset(
     and runs the ``prompts_per_call`` prompts Ray hands it at a time (default 4 x batch_size) on ``batch_size`` rows.
     ``max_new_tokens``, ``stop`` and ``seed`` are every prompt's unless its row gives its own (stop strings add up).
 
+    The actors run decoctl, and the plugin distributions loaded here, from their wheels, which Ray's runtime
+    environment ships to every node: from the folder ``wheels`` (or ``DECOCTL_RAY_WHEELS``) names, else the wheels
+    they were installed from (or built from their source folder, for an editable install). ``runtime_env`` is
+    merged into it (its ``py_modules`` and ``pip`` packages beside decoctl's). A node that cannot set it up fails the
+    run with Ray's reason.
+
     An actor that dies (its node lost, its process killed) is restarted by Ray and its prompts run again, up to
     ``restarts`` times each; after that the run fails with the cause. ConfigError, before anything loads, for a
-    cluster with fewer CPUs than actors x threads, for values out of range, and for a dataset whose columns are known
-    without running it and lack "prompt" or already hold one of the columns it adds (else the first block says
-    so). Ray is joined (or started locally) here if this process has not done so.
+    cluster with fewer CPUs than actors x threads, for values out of range, for a wheel that is missing, broken or
+    of a version other than the one installed here, and for a dataset whose columns are known without running it
+    and lack "prompt" or already hold one of the columns it adds (else the first block says so). Ray is joined (or
+    started locally) here if this process has not done so.
     """
     for name, value in (("threads", threads), ("batch_size", batch_size), ("actors", actors)):
         _positive(value, name)
@@ -106,7 +116,7 @@ def generate_dataset(
         "prefill_chunk": prefill_chunk,
         "huge_pages": huge_pages,
     }
-    check_plan(generator)
+    registry = check_plan(generator)
     ray = connect(None, "decoctl.ray.generate_dataset")
     schema = dataset.schema(fetch_if_missing=False)  # known without running anything, or None
     if schema is not None:
@@ -116,6 +126,7 @@ def generate_dataset(
     plural = "s" if threads > 1 else ""
     require_cpus(ray, actors * threads, f"{actors} Ray actor{'s' if actors > 1 else ''} of {threads} thread{plural}")
     limits = {"max_new_tokens": max_new_tokens, "stop": tuple(stop), "seed": seed}
+    environment = worker_runtime_env(ray, registry, wheels=wheels, runtime_env=runtime_env)
     with warnings.catch_warnings():
         # Ray Data takes an actor's restarts only as a plain remote argument (deprecated, with no named one yet)
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -128,6 +139,7 @@ def generate_dataset(
             num_cpus=threads,
             max_restarts=restarts,
             max_task_retries=restarts,
+            runtime_env=environment,
         )
 
 
@@ -142,10 +154,10 @@ def check_columns(names: Sequence[str]) -> None:
         raise ConfigError(f'the dataset has no "prompt" column (it has {list(names)}): add or rename one')
 
 
-def check_plan(generator: Mapping[str, Any]) -> None:
+def check_plan(generator: Mapping[str, Any]) -> PluginRegistry:
     """What a Generator with these arguments checks before it loads a model (the controller, its options, the
     logits chain, the models' names), checked once here, so that a mistake is one error before any actor starts
-    rather than one in every actor."""
+    rather than one in every actor: the registry it checked them with."""
     registry = PluginRegistry()
     options = generator.get("options") or {}
     spec = resolve_controller(generator.get("controller", "greedy"), registry, options=options)
@@ -156,6 +168,7 @@ def check_plan(generator: Mapping[str, Any]) -> None:
     for reference in (generator.get("models") or {}).values():
         if isinstance(reference, str | Path) or reference is None:
             resolve_model(reference, registry)
+    return registry
 
 
 def prompt_dataset(

@@ -15,6 +15,7 @@ from decoctl.errors import ConfigError, DecoctlError
 from decoctl.generation import BatchPrompt
 from decoctl.ray._batch import OUTPUT_COLUMNS, RESTARTS, check_plan, generate_dataset, plain_error, prompt_dataset
 from decoctl.ray._cluster import joined, require_ray
+from decoctl.ray._runtime_env import setup_error
 
 __all__ = ["decoctl_error", "run_prompts"]
 
@@ -80,11 +81,13 @@ def run_prompts(
     limits: Mapping[str, Any],
     stats: str,
     out: TextIO | None = None,
+    wheels: str | None = None,
 ) -> int:
     """Run ``prompts`` on ``actors`` Ray actors (each a Generator made with ``generator``'s arguments, on
-    ``batch_size`` rows) of the cluster at ``address`` (None: a local one) and write one JSON line per prompt to
-    ``out`` (stdout) in the prompts' order; a summary on stderr unless ``stats`` is "none". A failure in an actor is
-    raised here as the DecoctlError it was."""
+    ``batch_size`` rows, from the wheels in ``wheels`` or found as generate_dataset finds them) of the cluster at
+    ``address`` (None: a local one) and write one JSON line per prompt to ``out`` (stdout) in the prompts' order; a
+    summary on stderr unless ``stats`` is "none". A failure in an actor is raised here as the DecoctlError it was,
+    and a node that could not set up the actors' runtime environment as Ray's reason, in one line."""
     out = out or sys.stdout
     if isinstance(actors, bool) or not isinstance(actors, int) or actors < 1:
         raise ConfigError(f"--ray-actors {actors} must be at least 1 (Ray actors, each with its own models)")
@@ -101,7 +104,9 @@ def run_prompts(
         started = time.perf_counter()  # the cluster joined; the actors' start and model loads count
         dataset = prompt_dataset(prompts, actors=actors, batch_size=batch_size)
         try:
-            generated = generate_dataset(dataset, **generator, batch_size=batch_size, actors=actors, **limits)
+            generated = generate_dataset(
+                dataset, **generator, batch_size=batch_size, actors=actors, wheels=wheels, **limits
+            )
             for table in generated.iter_batches(batch_format="pyarrow", batch_size=None):
                 for row in table.to_pylist():
                     record = {"index": row["index"]} | {k: row[k] for k in OUTPUT_COLUMNS if row[k] is not None}
@@ -110,7 +115,7 @@ def run_prompts(
                     how = row["stats"]["batched"] or ""
                 out.flush()
         except Exception as exc:
-            error = decoctl_error(exc)
+            error = decoctl_error(exc) or setup_error(exc)
             if error is None and not isinstance(exc, ray.exceptions.RayError):
                 raise
             raise (error or _died(exc)) from None

@@ -12,6 +12,9 @@ client leaves (the app then frees its rows), restarts a replica that dies and sc
 
 ``application(...)`` gives the same application to a program of one's own (``serve.run(application(...))``), and
 ``build_app`` to ``serve run`` and to Serve's config files (``import_path: decoctl.ray:build_app`` with ``args``).
+The replicas of ``decoctl serve --ray-replicas`` and ``application`` run decoctl from its wheels, shipped through
+Ray's runtime environment (decoctl.ray._runtime_env); those of ``build_app`` run the decoctl the cluster has (its
+image, or the runtime_env of ``serve run`` or of the config file), since Serve builds them on the cluster.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from typing import Any
 from decoctl import errors
 from decoctl.errors import ConfigError, DecoctlError
 from decoctl.plugins import PluginRegistry, resolve_model
-from decoctl.ray._cluster import joined, require_cpus, require_ray
+from decoctl.ray._cluster import connect, joined, require_cpus, require_ray
 from decoctl.ray._command import decoctl_error
+from decoctl.ray._runtime_env import setup_error, worker_runtime_env
 from decoctl.serve._join_rule import PREFILL_SHARE, JoinRule
 
 __all__ = ["APP_NAME", "REPLICA_HEADER", "Replica", "application", "build_app", "run_replicas"]
@@ -173,11 +177,30 @@ def _checked(given: Mapping[str, Any], known: Mapping[str, tuple[type, Any]]) ->
     return values
 
 
-def application(**args: Any) -> Any:
+def application(
+    *, wheels: str | os.PathLike[str] | None = None, runtime_env: Mapping[str, Any] | None = None, **args: Any
+) -> Any:
     """The Ray Serve application of ``decoctl serve``: ``replicas`` replicas (or ``autoscaling``, Serve's
     autoscaling_config as a mapping, passed through), each with ``threads`` intra-op threads (Ray reserves as many
     CPUs for it), ``max_rows`` rows and ``max_queue`` waiting requests, loading ``model`` (and ``draft``, ``roles``:
-    role -> model) as ``decoctl serve`` does. ConfigError for an unknown argument or a value of the wrong kind."""
+    role -> model) as ``decoctl serve`` does.
+
+    The replicas run decoctl, and the plugin distributions loaded here, from their wheels, shipped to every node
+    through Ray's runtime environment as decoctl.ray.generate_dataset ships them (``wheels``: their folder;
+    ``runtime_env`` merged in), so Ray is joined (or started locally) here if this process has not done so.
+    ConfigError for an unknown argument, a value of the wrong kind, or a wheel that is missing, broken or of a
+    version other than the one installed here."""
+    require_ray("decoctl.ray.application")
+    deployment, config = _deployment(args)
+    ray = connect(None, "decoctl.ray.application")
+    environment = worker_runtime_env(ray, PluginRegistry(), wheels=wheels, runtime_env=runtime_env)
+    return deployment.options(ray_actor_options={"num_cpus": config["threads"], "runtime_env": environment}).bind(
+        config
+    )
+
+
+def _deployment(args: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The Serve deployment of ``args`` (application's), and each replica's configuration."""
     require_ray("decoctl.ray._serve")
     deployment_args = _checked({k: v for k, v in args.items() if k in DEPLOYMENT_ARGS}, DEPLOYMENT_ARGS)
     config = _checked({k: v for k, v in args.items() if k not in DEPLOYMENT_ARGS}, REPLICA_ARGS)
@@ -198,23 +221,29 @@ def application(**args: Any) -> Any:
         max_constructor_retry_count=CONSTRUCTOR_RETRIES,
         **scale,
     )
-    return deployment.bind(config)
+    return deployment, config
 
 
 def build_app(args: Mapping[str, Any]) -> Any:
     """``serve run decoctl.ray:build_app KEY=VALUE ...`` and a Serve config file's ``import_path``: the
-    application of ``application(**args)`` (the values may be strings, as ``serve run`` passes them)."""
-    return application(**dict(args))
+    application of ``application(**args)`` (the values may be strings, as ``serve run`` passes them), whose replicas
+    run the decoctl the cluster has: Serve may build it on the cluster, where there are no wheels to ship (give
+    ``serve run`` a runtime_env, or put decoctl in the nodes' image). Ray is not joined here."""
+    deployment, config = _deployment(dict(args))
+    return deployment.bind(config)
 
 
 def _replica_error(serve: Any) -> DecoctlError | None:
     """The DecoctlError a replica's constructor raised (a model that does not load, say), from the message Serve
-    keeps for the failed deployment: its traceback's last "decoctl.errors.Name: message" line."""
+    keeps for the failed deployment: its traceback's last "decoctl.errors.Name: message" line; or the reason a node
+    could not set up the replicas' runtime environment."""
     try:
         deployments = serve.status().applications[APP_NAME].deployments
     except Exception:  # no status to read: Serve's own error stands
         return None
     text = "\n".join(str(getattr(d, "message", "")) for d in deployments.values())
+    if "RuntimeEnvSetupError" in text:
+        return setup_error(RuntimeError(text))
     found = re.findall(r"^decoctl\.errors\.(\w+): (.*)$", text, flags=re.MULTILINE)
     if not found:
         return None
@@ -248,22 +277,24 @@ def run_replicas(args: argparse.Namespace, registry: PluginRegistry) -> int:
     for reference in (args.model, args.draft, *(r.partition("=")[2] for r in args.role)):
         if reference is not None:
             resolve_model(reference, registry)  # a name that is not registered: refused before Ray starts
-    app = application(
-        model=args.model,
-        draft=args.draft,
-        roles=dict(r.split("=", 1) for r in args.role),
-        threads=threads,
-        max_rows=args.max_rows,
-        max_queue=args.max_queue,
-        max_length=args.max_length,
-        prefill_chunk=args.prefill_chunk,
-        prefill_share=args.prefill_share,
-        chat_template=args.chat_template,
-        name=args.name,
-        api_key=args.api_key,
-        huge_pages=not args.no_huge_pages,
-        replicas=replicas,
-        autoscaling=autoscaling,
+    deployment, config = _deployment(
+        dict(
+            model=args.model,
+            draft=args.draft,
+            roles=dict(r.split("=", 1) for r in args.role),
+            threads=threads,
+            max_rows=args.max_rows,
+            max_queue=args.max_queue,
+            max_length=args.max_length,
+            prefill_chunk=args.prefill_chunk,
+            prefill_share=args.prefill_share,
+            chat_template=args.chat_template,
+            name=args.name,
+            api_key=args.api_key,
+            huge_pages=not args.no_huge_pages,
+            replicas=replicas,
+            autoscaling=autoscaling,
+        )
     )
     local = not args.ray_address and not os.environ.get("RAY_ADDRESS")
     with joined(args.ray_address, "decoctl serve --ray-replicas") as ray:
@@ -271,6 +302,8 @@ def run_replicas(args: argparse.Namespace, registry: PluginRegistry) -> int:
         plural = "s" if threads > 1 else ""
         what = f"{least} Serve replica{'s' if least > 1 else ''} of {threads} thread{plural}"
         require_cpus(ray, least * threads, what)
+        environment = worker_runtime_env(ray, registry, wheels=getattr(args, "ray_wheels", None))
+        app = deployment.options(ray_actor_options={"num_cpus": threads, "runtime_env": environment}).bind(config)
         from ray import serve
 
         port = args.port or _free_port(args.host)
@@ -278,7 +311,7 @@ def run_replicas(args: argparse.Namespace, registry: PluginRegistry) -> int:
         try:
             serve.run(app, name=APP_NAME, route_prefix="/")
         except Exception as exc:
-            error = decoctl_error(exc) or _replica_error(serve)
+            error = decoctl_error(exc) or setup_error(exc) or _replica_error(serve)
             serve.shutdown()
             if error is None and not isinstance(exc, ray.exceptions.RayError | RuntimeError):
                 raise

@@ -1,9 +1,11 @@
 """Batch generation on Ray Data (decoctl.ray.generate_dataset, decoctl generate --ray-actors): every output is the
-single-process run's, in the prompts' order, whichever actor ran it; an actor killed part-way is replaced; one that
-keeps dying fails the run with one clear error."""
+single-process run's, in the prompts' order, whichever actor ran it, on either node, each running decoctl from the
+wheels Ray's runtime environment shipped (those installed here, or those of the folder --ray-wheels names); an actor
+killed part-way is replaced; one that keeps dying fails the run with one clear error."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +17,10 @@ from decoctl.errors import ConfigError
 from decoctl.generation import BatchPrompt, Generator, result_record
 from decoctl.ray import generate_dataset, prompt_dataset
 
-from .conftest import MODEL, jsonl, run_cli, without_timings
+from .conftest import MODEL, jsonl, run_cli, shipped, without_timings
 
 DYING = Path(__file__).with_name("dying.py")
+WHERE = Path(__file__).with_name("where.py")
 
 
 def on_cluster(ray_cluster: Any, *args: str) -> subprocess.CompletedProcess[str]:
@@ -38,19 +41,37 @@ def on_ray(dataset: Any) -> list[dict[str, Any]]:
     return [without_timings({k: v for k, v in row.items() if v is not None or k != "completions"}) for row in rows]
 
 
+def unbatched(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """JSON lines less how their prompts were batched."""
+    return [{**line, "stats": {k: v for k, v in line["stats"].items() if k != "batched"}} for line in lines]
+
+
 def records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows as JSON lines have them (index, text, stats)."""
     return [{"index": r["index"], "text": r["text"], "stats": r["stats"]} for r in rows]
 
 
-def test_greedy_outputs_on_two_actors_equal_the_single_process_run_in_prompt_order(
-    ray_cluster: Any, prompts: list[BatchPrompt]
+def test_greedy_outputs_of_an_actor_on_each_node_running_the_shipped_wheels_equal_the_single_process_run(
+    ray_cluster: Any, prompts: list[BatchPrompt], tmp_path: Path
 ) -> None:
+    record = tmp_path / "where.jsonl"
     dataset = prompt_dataset(prompts, actors=2, batch_size=2)
-    rows = on_ray(generate_dataset(dataset, {"target": MODEL}, batch_size=2, actors=2, max_new_tokens=16))
+    # both actors up before the first block, and each block sent to the least busy actor rather than to the one
+    # beside it (the head's): each actor, and so each node, runs some
+    dataset.context.wait_for_min_actors_s = 300
+    dataset.context.execution_options.actor_locality_enabled = False
+    generated = generate_dataset(
+        dataset, {"target": MODEL}, f"{WHERE}:Where", options={"record": str(record)}, batch_size=2, actors=2,
+        prompts_per_call=2, max_new_tokens=16,
+    )  # fmt: skip
+    rows = on_ray(generated)
     assert [r["index"] for r in rows] == list(range(len(prompts)))
     assert [r["prompt"] for r in rows] == [p.prompt for p in prompts]
-    assert records(rows) == single_process(prompts, max_new_tokens=16)
+    # each call of an actor batched its two prompts (the single process batched all of them, two rows at a time)
+    assert unbatched(records(rows)) == unbatched(single_process(prompts, max_new_tokens=16))
+    workers = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
+    assert len({w["node"] for w in workers}) == 2, workers
+    assert all(shipped(w["decoctl"]) for w in workers), workers  # Ray's unpacked wheels, not this environment
 
 
 def test_seeded_samples_on_two_actors_draw_the_same_text_as_one_process(
@@ -121,12 +142,13 @@ def test_an_actor_that_keeps_dying_fails_the_command_with_one_clear_error(
 
 
 def test_the_command_on_a_cluster_by_address_writes_the_single_process_lines_in_file_order(
-    ray_cluster: Any, prompts_file: Path, capsys: pytest.CaptureFixture[str]
+    ray_cluster: Any, prompts_file: Path, wheels: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     address = ray_cluster.get_runtime_context().gcs_address
     args = ["generate", "-m", MODEL, "--prompts", str(prompts_file), "--batch-size", "3", "-n", "10"]
+    ray_args = ["--ray-actors", "2", "--ray-address", address, "--ray-wheels", str(wheels)]
     on_cluster = subprocess.run(
-        [sys.executable, "-m", "decoctl.cli", *args, "--ray-actors", "2", "--ray-address", address],
+        [sys.executable, "-m", "decoctl.cli", *args, *ray_args],
         capture_output=True,
         text=True,
         timeout=120,

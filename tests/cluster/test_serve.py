@@ -1,5 +1,6 @@
-"""decoctl serve on Ray Serve replicas (decoctl.ray._serve): one endpoint, several replicas each running the engine
-``decoctl serve`` runs, every greedy answer the offline one; what is refused before anything loads."""
+"""decoctl serve on Ray Serve replicas (decoctl.ray._serve): one endpoint, a replica on each of the cluster's two
+nodes, each running the engine ``decoctl serve`` runs from the decoctl that Ray's runtime environment unpacked from
+the wheels there, every greedy answer the offline one; what is refused before anything loads."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from decoctl.generation import Generator
 
-from .conftest import MODEL, run_cli
+from .conftest import MODEL, run_cli, shipped
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -84,6 +85,31 @@ def test_two_replicas_answer_through_one_endpoint_each_greedy_answer_the_offline
     offline = Generator({"target": MODEL}, threads=1)
     assert [text for _, text in answers] == [offline.generate(p, max_new_tokens=24).text for p in PROMPTS]
     assert len({replica for replica, _ in answers}) == 2
+
+
+def test_each_serve_replica_runs_decoctl_from_the_wheels(ray_cluster: Any, replicas: tuple[str, list[str]]) -> None:
+    import openai
+
+    url, _ = replicas
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+    seen: set[str] = set()
+    for _ in range(64):  # until both replicas have answered
+        raw = client.completions.with_raw_response.create(model=MODEL, prompt="x", max_tokens=1, temperature=0)
+        seen.add(raw.headers["x-decoctl-replica"])
+        if len(seen) == 2:
+            break
+
+    def where(_: Any) -> tuple[str, str]:
+        import ray
+
+        import decoctl
+
+        return decoctl.__file__, ray.get_runtime_context().get_node_id()
+
+    handles = [ray_cluster.get_actor(f"SERVE_REPLICA::decoctl#decoctl#{r}", namespace="serve") for r in sorted(seen)]
+    found = ray_cluster.get([handle.__ray_call__.remote(where) for handle in handles])
+    assert len({node for _, node in found}) == 2  # a replica on each node (one CPU each)
+    assert all(shipped(path) for path, _ in found), found
 
 
 def test_an_answer_streams_through_serve_equal_to_the_offline_one(replicas: tuple[str, list[str]]) -> None:
