@@ -802,16 +802,22 @@ def serving(tmp_path: Path) -> Iterator[Callable[[str], Server]]:
                 stdout=subprocess.DEVNULL,
                 stderr=sink,
             )
-        server = Server(key, process, stderr)
-        started.append(server)
         deadline = time.monotonic() + entry.timeout
         while not healthy(entry.port):
             try:  # waits a little, and notices a server that stopped
                 status = process.wait(timeout=0.25)
             except subprocess.TimeoutExpired:
-                assert time.monotonic() < deadline, f"`{key}` did not answer /health within {entry.timeout:.0f} s"
-                continue
-            assert_clean(key, status, stderr.read_text(errors="replace"), accepted=())
+                if time.monotonic() < deadline:
+                    continue
+                process.kill()
+                process.wait()
+                pytest.fail(
+                    f"`{key}` ({where(key)}) did not answer /health on port {entry.port} within {entry.timeout:.0f} s:"
+                    f"\n{stderr.read_text(errors='replace')[-4000:]}"
+                )
+            assert_clean(key, status, stderr.read_text(errors="replace"), accepted=())  # a server that ended
+        server = Server(key, process, stderr)
+        started.append(server)
         return server
 
     yield start
