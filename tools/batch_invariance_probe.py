@@ -10,8 +10,9 @@ largest |difference| (0 = bitwise equal):
   activations, the builder's CPU default) and 0 (float32), GroupQueryAttention fed a prompt in chunks (each query
   row against the whole prompt in one forward: a one-query chunk takes another kernel);
 - models: a batched one-token step over k rows against each row's one-row step; a prompt prefilled in chunks of c
-  tokens against whole (the next step's logits); a verify forward of n tokens against n one-token steps; the
-  prompt's last token fed as a one-token step (the server's batched Run) against the prompt's own forward.
+  tokens against whole (the next step's logits); a 300-token prompt split into two chunks at every point against
+  whole (the last row); a verify forward of n tokens against n one-token steps; the prompt's last token fed as a
+  one-token step (the server's batched Run) against the prompt's own forward.
 """
 
 from __future__ import annotations
@@ -173,6 +174,17 @@ def probe_model(model: LoadedModel, label: str) -> None:
             float(np.abs(one_row(p, t, chunk) - a).max()) for p, t, a in zip(prompts[:4], tokens, alone, strict=False)
         )
     print(f"{label}: prompts in chunks of c (the next step's logits) against whole: {_fmt(chunked)}")
+    split_prompt = rng.integers(3, vocab, size=300)
+    whole_row = _last_row(model, room, split_prompt, [len(split_prompt)])
+    differ = [
+        size
+        for size in range(len(split_prompt) - 2, 1, -1)
+        if not np.array_equal(_last_row(model, room, split_prompt, [len(split_prompt) - size, size]), whole_row)
+    ]
+    print(
+        f"{label}: a 300-token prompt as two chunks (>= 2 tokens each) against whole, the last chunk sizes whose "
+        f"last row differs: {differ or 'none'}"
+    )
     verify = {}
     for n in (2, 5):
         sequence = Sequence("target", model, max_length=room)
@@ -192,6 +204,16 @@ def probe_model(model: LoadedModel, label: str) -> None:
         stepped = np.asarray(split.forward((int(prompt[-1]),)))[0]
         last[f"prompt {index}"] = float(np.abs(row - stepped).max())
     print(f"{label}: a prompt's last token as a one-token step against in-prompt:   {_fmt(last)}")
+
+
+def _last_row(model: LoadedModel, room: int, prompt: np.ndarray, chunks: list[int]) -> np.ndarray:
+    """The prompt's last row of logits, the prompt fed in forwards of ``chunks`` tokens."""
+    sequence = Sequence("target", model, max_length=room)
+    done, row = 0, np.zeros(0, np.float32)
+    for size in chunks:
+        row = np.asarray(sequence.prefill(prompt[done : done + size]))[0]
+        done += size
+    return row.copy()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -316,6 +316,12 @@ OPT_IN: dict[str, Run] = {
     # a load test at concurrency 1, 4 and 16, both controllers: 24 s on 2 cores, beyond CI's budget
     "decoctl bench-serve --url http://127.0.0.1:8000 --concurrency 1,4,16 --controllers "
     "greedy,speculative:drafter=prompt-lookup": Run(timeout=600, server=SERVE_PYCODE),
+    # BENCHMARKS, "Deterministic serving": the probe (30 s on 2 cores) and the cost (two servers pinned to the two
+    # cores, bench-serve alternating between them: minutes)
+    ".venv/bin/python tools/batch_invariance_probe.py": Run(timeout=900),
+    "tools/bench_deterministic.sh": Run(
+        timeout=3600, needs=(Need.cpus(2, why="the servers and the load on a core each"),)
+    ),
     # Ray: a local cluster of this machine's CPUs, as many as the replicas x threads
     "decoctl serve -m pycode --ray-replicas 4 --threads 2 --max-rows 8": Run(
         timeout=600, port=8000, needs=(RAY, Need.cpus(8, why="4 replicas of 2 threads"))
