@@ -34,7 +34,7 @@ from decoctl.model.graph._nodes import (
 
 __all__ = ["Attention", "DeclaredWindow", "check", "declared_window", "graph_attention"]
 
-#: what the builder's error-free fix is called where a window or ring cache is the trouble
+#: the builder option that exports windowed layers with full-length caches instead of ring caches
 _NO_RING = "--extra_options windowed_kv_cache=false"
 
 

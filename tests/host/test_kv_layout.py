@@ -81,6 +81,22 @@ def test_a_config_that_asks_the_runtime_to_slide_is_refused(tmp_path: Path, flag
         load_model(folder, threads=1)
 
 
+def test_past_inputs_of_a_fixed_length_are_refused(tmp_path: Path) -> None:
+    import onnx
+
+    folder = build_genai_model(tmp_path / "m", seed=1)
+    graph = onnx.load(str(folder / "model.onnx"))
+    for value in graph.graph.input:
+        if value.name.startswith("past_key_values."):
+            value.type.tensor_type.shape.dim[2].dim_value = 256
+    onnx.save(graph, str(folder / "model.onnx"))
+
+    with pytest.raises(
+        ModelLoadError, match=r"past input past_key_values\.0\.key has a fixed length of 256 .* dynamic"
+    ):
+        load_model(folder, threads=1)
+
+
 def test_a_context_longer_than_the_rotary_tables_is_refused(tmp_path: Path) -> None:
     def longer(config: dict[str, Any]) -> None:
         config["model"]["context_length"] = config["search"]["max_length"] = 512
