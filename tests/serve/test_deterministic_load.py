@@ -126,11 +126,16 @@ def tiny_fp32(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 #: the models served, each with its --prefill-chunk: the demo model; tiny int8 exports whose batched step gives each
 #: row its one-row step's logits (int8 activations, the builder's CPU default) and whose does not (float32
-#: activations: rows then step alone)
-MODELS = [pytest.param(("demo", None), marks=pytest.mark.demo), ("int8", 16), ("int8-level0", None)]
+#: activations: rows then step alone); a tiny model with sliding windows in ring caches (Gemma 3's layout)
+MODELS = [
+    pytest.param(("demo", None), marks=pytest.mark.demo),
+    ("int8", 16),
+    ("int8-level0", None),
+    ("ring", 24),
+]
 
 
-@pytest.fixture(scope="module", params=MODELS, ids=["demo", "int8-chunk16", "int8-level0"])
+@pytest.fixture(scope="module", params=MODELS, ids=["demo", "int8-chunk16", "int8-level0", "ring-chunk24"])
 def deterministic_server(request: pytest.FixtureRequest, tiny_fp32: Path) -> Iterator[Served]:
     from decoctl.serve._app import create_app
     from decoctl.serve._engine import Engine
@@ -138,6 +143,10 @@ def deterministic_server(request: pytest.FixtureRequest, tiny_fp32: Path) -> Ite
     name, chunk = request.param
     if name == "demo":
         folder = _demo_folder()
+    elif name == "ring":
+        folder = build_genai_model(
+            tiny_fp32.parent / name, seed=4, max_length=1024, local_window_size=32, ring_cache=True
+        )
     else:
         level = 0 if name == "int8-level0" else 4
         folder = quantize_int8(tiny_fp32, tiny_fp32.parent / name, accuracy_level=level)
