@@ -7,6 +7,10 @@ computed from the logits of the twin's own forwards (the prompt as generate feed
 
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -184,3 +188,25 @@ def test_a_model_whose_batched_step_differs_from_a_one_row_step_steps_its_rows_a
     assert Engine({"target": variant}, max_rows=4, deterministic=True, warm=False).rows_alone
     assert not Engine({"target": invariant}, max_rows=4, deterministic=True, warm=False).rows_alone
     assert not Engine({"target": variant}, max_rows=4, warm=False).rows_alone
+
+
+def test_decoctl_serve_deterministic_answers_with_the_twins_logits(tmp_path: Path) -> None:
+    folder = build_genai_model(tmp_path / "tiny", seed=3, max_length=256, tree_inputs=True)
+    command = [sys.executable, "-m", "decoctl.cli", "serve", "-m", str(folder), "--name", "tiny", "--port", "0"]
+    command += ["--max-rows", "2", "--threads", "1", "--deterministic", "--prefill-chunk", "4", "--no-huge-pages"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        found = re.search(r"on http://127\.0\.0\.1:(\d+)", process.stderr.readline())
+        assert found
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{found.group(1)}/v1", api_key="unused", max_retries=0)
+        choice = client.completions.create(
+            model="tiny", prompt=PROMPTS[2], max_tokens=8, temperature=0, logprobs=0
+        ).choices[0]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    target = load_model(folder, threads=1)
+    twin = Generator({"target": target}, "greedy", prefill_chunk=4).generate(PROMPTS[2], max_new_tokens=8)
+    assert choice.text == twin.text
+    assert choice.logprobs.token_logprobs == offline_logprobs(target, PROMPTS[2], twin.tokens, 4)
