@@ -196,6 +196,7 @@ PLOT = Need.modules("matplotlib", fix="pip install -e '.[bench]'")
 TORCH = Need.modules("torch", "transformers", fix="pip install torch==2.13.0 transformers")
 EAGLE_TRAIN = Need.modules("torch", "tqdm", "onnx", fix="pip install -e 'plugins/eagle[train]'")
 LONG = Need.variable("DECOCTL_DOCS_LONG", why="runs for tens of minutes or hours")
+NETWORK_ACCESS = Need.variable("DECOCTL_DOCS_NETWORK", why="downloads from the Hugging Face Hub")
 
 
 @attrs.frozen(kw_only=True)
@@ -358,7 +359,13 @@ OPT_IN: dict[str, Run] = {
     "decoctl eagle data --target gemma3-270m --out /tmp/gdata --prompts 48 --new-tokens 64 --batch 16 "
     "--threads 1": gemma(fresh=("/tmp/gdata",)),
     ".venv/bin/python - <<'PY' import statistics, time": gemma(after=(IMPORT_INT8,)),
-    # Optimum's T5 export, made with network access in an environment of its own (NOT_RUN below)
+    # Optimum's T5 export: the Hub's weights, and optimum-onnx (the test-exports environment: it pins an older
+    # transformers)
+    T5_SMALL: Run(
+        timeout=1800,
+        fresh=("build/t5-small",),
+        needs=(NETWORK_ACCESS, Need.modules("optimum", fix="the test-exports extra, in an environment of its own")),
+    ),
     "decoctl models info build/t5-small": Run(needs=(Need.path("build/t5-small", made_by=T5_SMALL),)),
     'decoctl generate -m build/t5-small "translate English to German: The house is wonderful."': Run(
         needs=(Need.path("build/t5-small", made_by=T5_SMALL),)
@@ -635,7 +642,7 @@ OPT_IN: dict[str, Run] = {
 ENVIRONMENT = "builds the environment the tests run in (creates .venv, installs, runs the suite)"
 INSTALL = "installs packages: the opt-in commands say which ones they need and skip without them"
 MAKE = "a make target over the repository's own .venv; the commands it runs are documented beside it and run here"
-NETWORK = "downloads (the Hugging Face Hub, llama.cpp's sources and GGUFs): no network where tests run"
+NETWORK = "builds llama.cpp and its two servers from downloads (sources and GGUFs)"
 REBUILD = (
     "rebuilds the bundled demo models in .venv-tools: hours of CPU, and it overwrites the repository's tokenizer, "
     "checkpoints and bundle (docs/MODELS.md)"
@@ -662,7 +669,6 @@ NOT_RUN: dict[str, str] = {
     "make eagle-demo": MAKE,
     "make real-model-bench": MAKE,
     "make real-model-bench GEMMA=gemma3-270m-int8": MAKE,
-    T5_SMALL: NETWORK,
     "SETUP_ONLY=1 tools/llama_server.sh": NETWORK,
     "tools/llama_server.sh &": LLAMA_CPP,
     "SERVER=cpp PORT=8002 tools/llama_server.sh &": LLAMA_CPP,
