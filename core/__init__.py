@@ -8,6 +8,7 @@ plugin's hook module loads nothing above it, and ``import decoctl`` alone loads 
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import TYPE_CHECKING
 
 from decoctl._lazy import lazy_exports
@@ -29,13 +30,17 @@ if TYPE_CHECKING:
     from decoctl.generation import GenerationResult, GenerationStats, Generator, generate, stream
     from decoctl.host import Host, Sequence
     from decoctl.importers._registry import RegisteredModel, models_dir, register_role_default
-    from decoctl.model.graph import tap_layers
     from decoctl.model._loader import load_model
+    from decoctl.model.graph import tap_layers
     from decoctl.plugins import PluginRegistry, hookimpl, resolve_model
     from decoctl.processing import LogitsProcessor, ProcessContext, ProcessorChain, bound_through, from_transformers
     from decoctl.specs import CommandSpec, ControllerSpec, ModelBundle, Option, ProcessorSpec
 
-__version__ = "0.1.0"
+try:
+    #: the installed distribution's version (pyproject.toml is its one source)
+    __version__ = importlib.metadata.version("decoctl")
+except importlib.metadata.PackageNotFoundError:  # imported from a folder no installer put there
+    __version__ = "0+unknown"
 
 # public name -> the module that defines it
 _EXPORTS = {
