@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -210,3 +211,38 @@ def test_decoctl_serve_deterministic_answers_with_the_twins_logits(tmp_path: Pat
     twin = Generator({"target": target}, "greedy", prefill_chunk=4).generate(PROMPTS[2], max_new_tokens=8)
     assert choice.text == twin.text
     assert choice.logprobs.token_logprobs == offline_logprobs(target, PROMPTS[2], twin.tokens, 4)
+
+
+def test_a_requests_n_samples_equal_the_sample_controllers_n_offline(tiny_fp32: Path) -> None:
+    # the samples' rows prefill one each, their prompts' last tokens in the prompts' own forwards
+    from decoctl.serve._engine import Delta, Engine, EngineRequest, Finished
+
+    registry = plugin_registry()
+    target = load_model(tiny_fp32, threads=1)
+    chain = [{"name": "temperature", "temperature": 1.0}]
+    engine = Engine({"target": target}, registry=registry, max_rows=4, deterministic=True)
+    texts: dict[int, str] = {}
+    logprobs: dict[int, list[float]] = {index: [] for index in range(3)}
+    finished = threading.Event()
+
+    def on_event(event: object) -> None:
+        if isinstance(event, Delta) and event.logprobs:
+            logprobs[event.index] += [item.logprob for item in event.logprobs]
+        if isinstance(event, Finished):
+            texts[event.index] = event.text
+            if len(texts) == 3:
+                finished.set()
+
+    engine.start()
+    ids = target.tokenizer.encode(PROMPTS[0])
+    engine.submit(
+        EngineRequest(ids=ids, max_new_tokens=12, n=3, seed=7, controller="sample", processors=chain, logprobs=0),
+        on_event,
+    )
+    assert finished.wait(60)
+    engine.close()
+    offline = Generator({"target": target}, "sample", options={"n": 3}, processors=chain, registry=registry)
+    result = offline.generate(PROMPTS[0], max_new_tokens=12, seed=7)
+    assert [texts[index] for index in range(3)] == [completion.text for completion in result.completions]
+    expected = [offline_logprobs(target, PROMPTS[0], c.tokens, None) for c in result.completions]
+    assert [logprobs[index] for index in range(3)] == expected
