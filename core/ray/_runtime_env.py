@@ -116,7 +116,7 @@ def find_wheels(wanted: Mapping[str, str], folder: str | Path | None, scratch: P
 
 
 def _pick(candidates: Sequence[Wheel], name: str, version: str, folder: Path) -> Wheel:
-    same = [w for w in candidates if w.version == version]
+    same = [w for w in candidates if _same_version(w.version, version)]
     if not same:
         others = ", ".join(sorted({w.version for w in candidates}))
         has = f"has {name} {others} only" if others else f"has no wheel of {name}"
@@ -158,8 +158,17 @@ def _installed_wheel(name: str, version: str, scratch: Path) -> Wheel:
     )
 
 
+def _same_version(a: str, b: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
 def _checked_version(wheel: Wheel, version: str, what: str) -> Wheel:
-    if wheel.version != version:
+    if not _same_version(wheel.version, version):
         raise ConfigError(
             f"{what} ({wheel.path.name}) is {wheel.name} {wheel.version}, and the one installed here is {version}: "
             f"give the folder of a wheel of {version} with {FLAG}"
@@ -197,22 +206,30 @@ def unpack(wheel: Wheel, into: Path) -> list[Path]:
             members = {info.filename: info for info in archive.infolist() if not info.is_dir()}
             info_dir = _dist_info(wheel, members)
             metadata = HeaderParser().parsestr(archive.read(f"{info_dir}/METADATA").decode("utf-8"))
-            if canonicalize_name(metadata["Name"] or "") != wheel.name or metadata["Version"] != wheel.version:
+            named = canonicalize_name(metadata["Name"] or "") == wheel.name
+            if not named or not _same_version(metadata["Version"] or "", wheel.version):
                 raise _broken(wheel, f"its metadata says {metadata['Name']} {metadata['Version']}")
             record = _record(wheel, archive.read(f"{info_dir}/RECORD").decode("utf-8"))
             data_dir = info_dir.removesuffix(".dist-info") + ".data/"
             tops: set[Path] = set()
             for name, info in members.items():
-                _check(wheel, name, archive.read(info), record)
+                content = archive.read(info)
+                _check(wheel, name, content, record)
                 target = _target(name, data_dir)
                 if target is None:
                     continue
                 destination = into / target
                 destination.parent.mkdir(parents=True, exist_ok=True)
-                destination.write_bytes(archive.read(info))
+                destination.write_bytes(content)
                 if info.external_attr >> 16 & 0o111:
                     destination.chmod(0o755)
-                tops.add(into / Path(target).parts[0])
+                top = Path(target).parts[0]
+                if top != target or target.endswith(".py"):  # a folder, or a module of one file
+                    tops.add(into / top)
+                elif not target.endswith(".pth"):  # a .pth file works only in site-packages: left out
+                    raise _broken(
+                        wheel, f"Ray ships folders and .py files to its workers, and it has {target} at its top"
+                    )
     except zipfile.BadZipFile as exc:
         raise _broken(wheel, f"it is not a zip file ({exc})") from None
     except KeyError as exc:

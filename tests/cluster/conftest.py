@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,21 +53,36 @@ def ray_cluster() -> Iterator[Any]:
 
     node = {"num_cpus": 1, "object_store_memory": 80 * 1024**2}
     # the raylets' environment (so their workers'), not ours: pip offline, a runtime environment that fails not
-    # tried again, Serve's proxy routing to either node's replica (it prefers its own node's by default), and a node's
-    # agents given two minutes to start (15 s by default: too short for two nodes on two busy cores)
+    # tried again, and Serve's proxy routing to either node's replica (it prefers its own node's by default)
     quiet = {"PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "RUNTIME_ENV_RETRY_TIMES": "1"}
-    with _environ(**quiet, RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING="0", RAY_agent_register_timeout_ms="120000"):
+    with _environ(**quiet, RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING="0"):
         cluster = Cluster(
             initialize_head=True,
-            head_node_args={**node, "include_dashboard": False, "runtime_env_dir_name": f"{RESOURCES}_head"},
+            head_node_args={
+                **node,
+                **_agent_ports(),
+                "include_dashboard": False,
+                "runtime_env_dir_name": f"{RESOURCES}_head",
+            },
         )
-        cluster.add_node(**node, runtime_env_dir_name=f"{RESOURCES}_second")
+        cluster.add_node(**node, **_agent_ports(), runtime_env_dir_name=f"{RESOURCES}_second")
     ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
     try:
         yield ray
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _agent_ports() -> dict[str, int]:
+    """Free ports for a node's agents, chosen here: a raylet left to learn the ports its agents took waits 15 s for
+    them to say, too short for two nodes starting on two cores busy with other work."""
+    names = ("metrics_agent_port", "metrics_export_port", "runtime_env_agent_port", "dashboard_agent_listen_port")
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in names]
+        for sock in sockets:
+            sock.bind(("", 0))
+        return {name: int(sock.getsockname()[1]) for name, sock in zip(names, sockets, strict=True)}
 
 
 @contextlib.contextmanager
