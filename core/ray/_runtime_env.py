@@ -428,6 +428,8 @@ def _packages(value: Any) -> list[str]:
     return list(value)
 
 
+#: how Ray's message starts where a node could not set up a runtime environment
+SETUP_FAILED = "Failed to set up runtime environment"
 #: Ray's words before the reason a runtime environment could not be set up
 _SETUP_NOISE = re.compile(r"^(Traceback|  File |\s+\^|During handling|The above exception|ray\.|Failed to set up)")
 
@@ -458,7 +460,8 @@ def _setup_text(exc: BaseException) -> str | None:
         if type(error).__name__ == "RuntimeEnvSetupError":
             return str(getattr(error, "error_message", None) or error)
         message = str(error)
-        if "RuntimeEnvSetupError" in message:
-            return message.split("RuntimeEnvSetupError", 1)[1]
+        for marker in ("RuntimeEnvSetupError", SETUP_FAILED):  # Serve keeps the message without the class's name
+            if marker in message:
+                return message.split(marker, 1)[1]
         todo.extend([error.__cause__, error.__context__, getattr(error, "cause", None)])
     return None

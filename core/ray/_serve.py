@@ -242,8 +242,9 @@ def _replica_error(serve: Any) -> DecoctlError | None:
     except Exception:  # no status to read: Serve's own error stands
         return None
     text = "\n".join(str(getattr(d, "message", "")) for d in deployments.values())
-    if "RuntimeEnvSetupError" in text:
-        return setup_error(RuntimeError(text))
+    not_set_up = setup_error(RuntimeError(text))
+    if not_set_up is not None:
+        return not_set_up
     found = re.findall(r"^decoctl\.errors\.(\w+): (.*)$", text, flags=re.MULTILINE)
     if not found:
         return None

@@ -149,13 +149,15 @@ def test_ray_wheels_without_actors_or_replicas_is_refused(
 def test_the_reason_a_node_gives_is_taken_from_the_message_serve_keeps_for_a_failed_deployment() -> None:
     from decoctl.ray._runtime_env import setup_error
 
-    message = (
-        "The deployment failed to start 3 times in a row. See controller logs for details. Error:\n"
-        "ray.exceptions.RuntimeEnvSetupError: Failed to set up runtime environment.\n"
-        "Could not create the actor because its associated runtime env failed to be created.\n"
-        "Traceback (most recent call last):\n"
-        '  File "/ray/_private/runtime_env/pip.py", line 394, in create\n'
-        "ray._private.runtime_env.utils.SubprocessCalledProcessError: Run cmd[9] failed\n"
+    message = (  # as Ray Serve 2.60 keeps it
+        "The deployment failed to start 3 times in a row. This may be due to a problem with its constructor or initial "
+        "health check failing. See controller logs for details. Error:\nException when allocating "
+        "Replica(id='x9nyvr7i', deployment='decoctl', app='decoctl'): Failed to set up runtime environment.\n"
+        "Could not create the actor "
+        "because its associated runtime env failed to be created.\n[Node 192.0.2.2] Traceback (most recent call last):"
+        '\n  File "/ray/_private/runtime_env/pip.py", line 394, in create\n    pip_dir_bytes = await task\n'
+        "ray._private.runtime_env.utils.SubprocessCalledProcessError: Run cmd[3] failed with the following details.\n"
+        "Last 50 lines of stdout:\n    Requirement already satisfied: attrs>=23.2 in /tmp/ray/session/virtualenv\n"
         "    ERROR: Could not find a version that satisfies the requirement onnxruntime>=1.20 (from versions: none)\n"
         "    ERROR: No matching distribution found for onnxruntime>=1.20\n"
     )
