@@ -7,7 +7,8 @@ a row of the target's KV buffer. A request is queued as an ``EngineRequest`` and
 Private modules: ``_engine`` (the engine), ``_protocol`` (OpenAI's request shapes, validated at the edge; its error
 shape), ``_translate`` (OpenAI's sampling fields as a controller, options and a logits chain), ``_app`` (the app:
 endpoints, server-sent events, API key, errors), ``_metrics`` (the Prometheus metrics, a registry of the app's own),
-``_join_rule`` (the engine's cost rule), ``_command`` (``decoctl serve`` and ``decoctl chat``), ``_bench``
+``_join_rule`` (the engine's cost rule), ``_command`` (``decoctl serve`` and ``decoctl chat``), ``_server`` (the
+uvicorn server: drain on SIGTERM, stop when the engine dies), ``_bench``
 (``decoctl bench-serve``); ``page/``: the chat page served at ``/``.
 
 Names load on first use (PEP 562): importing this package loads neither Starlette nor the engine.

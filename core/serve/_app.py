@@ -291,7 +291,7 @@ def create_app(
                 number, event = await submitted.events.get()
                 if isinstance(event, Failed):
                     submitted.cancel()
-                    raise _Refusal(500, event.message, "server_error")
+                    raise _Refusal(503 if event.unavailable else 500, event.message, "server_error")
                 index = number * n + event.index
                 if isinstance(event, Delta) and first and event.tokens:
                     first = False
@@ -560,15 +560,23 @@ def create_app(
         return JSONResponse(model_entry())
 
     async def health(request: Request) -> Response:
-        status = 200 if engine.running else 503
-        body = {
-            "status": "ok" if engine.running else "stopped",
+        """200 while the engine runs and takes requests; 503 once it failed (``error`` says why), while it drains
+        or when it stopped."""
+        state = "ok" if engine.running else "stopped"
+        if engine.failure is not None:
+            state = "failed"
+        elif engine.draining:
+            state = "draining"
+        body: dict[str, Any] = {
+            "status": state,
             "model": model_name,
             "rows": engine.live_rows,
             "max_rows": engine.max_rows,
             "queued": engine.queued,
         }
-        return JSONResponse(body, status_code=status)
+        if engine.failure is not None:
+            body["error"] = engine.failure
+        return JSONResponse(body, status_code=200 if state == "ok" else 503)
 
     async def metrics_text(request: Request) -> Response:
         return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)

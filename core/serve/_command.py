@@ -20,6 +20,9 @@ from decoctl.model._image_processor import MAX_IMAGES, MAX_PIXELS
 from decoctl.plugins import PluginRegistry
 from decoctl.serve._join_rule import PREFILL_SHARE, JoinRule
 
+#: how long a drain (SIGTERM, Ctrl-C) lets the running completions finish before it cuts them
+DRAIN_SECONDS = 30.0
+
 __all__ = ["add_serve_parsers", "load_roles", "run_chat", "run_serve"]
 
 HUGE_PAGES_HELP = "leave the weights on ordinary pages (no malloc or madvise tuning)"
@@ -91,6 +94,13 @@ def add_serve_parsers(commands: Any) -> None:
         help=f"pixels an image may have, as sent and once resized (default {MAX_PIXELS:,}); more are a 400, "
         "checked before the image is decoded",
     )
+    serve.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=DRAIN_SECONDS,
+        help=f"on SIGTERM or Ctrl-C, how long the running completions may take to finish (default {DRAIN_SECONDS:g}); "
+        "new requests get 503 meanwhile, and what still runs after it is cut (finish_reason 'shutdown')",
+    )
     chat = commands.add_parser("chat", help="chat with a model in the terminal (needs pip install 'decoctl[chat]')")
     _add_model_arguments(chat)
     chat.add_argument("--controller", "-c", default="greedy", help="an installed controller (default greedy)")
@@ -137,10 +147,9 @@ def _chat_template(args: argparse.Namespace, folder: Path, *, required: bool) ->
 
 def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
     try:
-        import uvicorn
-
         from decoctl.serve._app import create_app
         from decoctl.serve._engine import Engine
+        from decoctl.serve._server import Server
     except ImportError as exc:
         raise ConfigError(
             f"decoctl serve needs the serve extra ({exc.name} is missing): pip install 'decoctl[serve]'"
@@ -186,8 +195,11 @@ def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
         file=sys.stderr,
         flush=True,
     )
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=30))
+    server = Server(app, engine, drain_seconds=args.drain_seconds)
     server.run(sockets=[sock])
+    if engine.failure is not None:  # ended non-zero, so that a supervisor starts it again
+        print(f"decoctl: error: {engine.failure}: the server stopped", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -6,6 +6,14 @@ handle = engine.submit(EngineRequest(ids=(...), max_new_tokens=64), on_event=pri
 handle.cancel()                                                                        # frees its rows next step
 engine.close()                                                                         # drains, then stops
 
+Faults: a completion whose controller or logits chain raises fails alone (a Failed event, its rows freed, the
+others untouched); a step that fails outside one completion (the batched Run) fails the live requests and the
+engine goes on with empty rows; an exception that escapes the loop itself ends the engine: ``failure`` says why,
+every live and waiting request gets a Failed event (``unavailable``: HTTP 503), new ones EngineClosedError, and the
+callbacks given to ``on_failure`` run (``decoctl serve`` ends the process). ``drain(seconds)`` stops taking requests
+and lets the live and queued ones run for ``seconds``; then it cuts what still runs (finish_reason "shutdown") and
+fails what still waits, and logs ``decoctl.serve.drained`` with how many it cut.
+
 Each iteration of the engine's loop (decoctl.generation's loop, with rows that come and go):
 1. completions whose client left are ended and their rows freed;
 2. waiting requests are admitted while rows are free (each completion a row of its own, a Host, controller and
@@ -142,7 +150,8 @@ class Delta:
 
 @attrs.frozen(kw_only=True)
 class Finished:
-    """Completion ``index`` ended: ``finish_reason`` "stop" or "length" (OpenAI's), or "cancelled"; its whole
+    """Completion ``index`` ended: ``finish_reason`` "stop" or "length" (OpenAI's), "cancelled" (its client left) or
+    "shutdown" (a drain's time ran out while it ran); its whole
     text and tokens; ``target_forwards`` the target's forwards after its prefill."""
 
     index: int
@@ -163,9 +172,10 @@ class Finished:
 @attrs.frozen(kw_only=True)
 class Failed:
     """The request failed inside the engine (a controller error): ``message`` says why; its other completions end
-    too."""
+    too. ``unavailable``: not the request's fault, the engine stopped or shut down before it ran (HTTP 503)."""
 
     message: str
+    unavailable: bool = False
 
 
 Event = Delta | Finished | Failed
@@ -313,6 +323,12 @@ class Engine:
         self._plans_lock = threading.Lock()
         self._closing = False
         self._thread: threading.Thread | None = None
+        #: why the engine thread stopped, when an exception escaped its loop (None while it is sound)
+        self.failure: str | None = None
+        self._on_failure: list[Callable[[str], None]] = []
+        #: time.monotonic() past which a drain cuts what still runs (None: no drain asked for, or no limit)
+        self._deadline: float | None = None
+        self._draining = False
         #: counters for /metrics and /health (read from any thread)
         self.steps = 0
         self.batched_runs = 0
@@ -373,6 +389,15 @@ class Engine:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def draining(self) -> bool:
+        """Shutting down (``drain`` or ``close`` called): no new requests, the live ones finishing."""
+        return self._closing and self.failure is None
+
+    def on_failure(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` (on the engine thread) if the engine thread dies."""
+        self._on_failure.append(callback)
+
     def check(self, request: EngineRequest) -> _Plan:
         """The request's checked plan; ConfigError naming what it asks for that this engine cannot give."""
         if not request.ids:
@@ -409,6 +434,8 @@ class Engine:
         EngineClosedError while shutting down."""
         handle = Handle(request, on_event, self.check(request))
         with self._wake:
+            if self.failure is not None:
+                raise EngineClosedError(f"{self.failure}: send the request to another replica")
             if self._closing:
                 raise EngineClosedError("the server is shutting down: send the request to another replica")
             if len(self._queue) >= self.max_queue:
@@ -424,6 +451,17 @@ class Engine:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="decoctl-engine", daemon=True)
             self._thread.start()
+
+    def drain(self, seconds: float | None) -> None:
+        """Begin shutting down, without waiting: take no new requests (EngineClosedError) and let the live and
+        queued ones run; after ``seconds`` (None: no limit) cut the completions still running (finish_reason
+        "shutdown") and fail the requests still waiting. ``close`` then waits for the engine thread."""
+        with self._wake:
+            self._closing = self._draining = True
+            if seconds is not None:
+                deadline = time.monotonic() + seconds
+                self._deadline = deadline if self._deadline is None else min(self._deadline, deadline)
+            self._wake.notify()
 
     def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
         """Stop taking requests; with ``drain`` let the live and queued ones finish first (else cancel them); wait
@@ -502,30 +540,66 @@ class Engine:
 
     # -- the engine thread -----------------------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # the loop itself broke: nothing answers the requests any more
+            self._die(exc)
+
+    def _loop(self) -> None:
+        cut = refused = 0
         while True:
             with self._wake:
                 while not self._slots and not self._queue and not self._closing:
                     self._wake.wait()
                 if self._closing and not self._slots and not self._queue:
-                    return
+                    break
+                past = self._deadline is not None and time.monotonic() >= self._deadline
+                waiting = list(self._queue) if past else []
+                if past:
+                    self._queue.clear()
+            if past:
+                cut += self._cut(waiting)
+                refused += len(waiting)
+                continue
             try:
                 self._iteration()
             except Exception as exc:  # a failure outside one completion's step: fail every live request
-                try:
-                    self._fail_all(exc)
-                except Exception as fatal:  # the rows cannot be reset: stop, failing whatever waits
-                    self._stop(fatal)
-                    return
+                self._fail_all(exc)  # where even that fails (the rows cannot be reset), the engine dies
+        if self._draining:
+            (log.warning if cut or refused else log.info)("decoctl.serve.drained", cut=cut, refused=refused)
 
-    def _stop(self, exc: Exception) -> None:
-        """The engine cannot go on: it takes no more requests and fails the waiting ones."""
-        log.error("decoctl.serve.engine_stopped", error=f"{type(exc).__name__}: {exc}")
+    def _cut(self, waiting: list[Handle]) -> int:
+        """The drain's time is up: end every live completion where it is (finish_reason "shutdown") and fail the
+        requests that never got a row; how many completions were cut."""
+        live = list(self._slots.values())
+        for slot in live:
+            self._flush(slot)
+            self._end(slot, "shutdown")
+        for handle in waiting:
+            handle._emit(Failed(message="the server shut down before the request got a row", unavailable=True))
+        return len(live)
+
+    def _die(self, exc: BaseException) -> None:
+        """An exception escaped the engine's loop: record why, fail every live and waiting request (503: not
+        theirs), refuse new ones, and tell ``on_failure``'s callbacks."""
+        reason = f"the server's engine stopped ({type(exc).__name__}: {exc})"
+        log.error("decoctl.serve.engine_failed", error=reason)
         with self._wake:
+            self.failure = reason
             self._closing = True
             waiting = list(self._queue)
             self._queue.clear()
-        for handle in waiting:
-            handle._emit(Failed(message="the server's engine stopped: retry on another replica"))
+        handles = {id(s.handle): s.handle for s in self._slots.values()}
+        handles.update((id(h), h) for h in waiting)
+        self._slots.clear()
+        self._free = list(range(self.max_rows))
+        for handle in handles.values():
+            handle._emit(Failed(message=f"{reason}: retry on another replica", unavailable=True))
+        for callback in self._on_failure:
+            try:
+                callback(reason)
+            except Exception as error:
+                log.warning("decoctl.serve.listener_failed", error=f"{type(error).__name__}: {error}")
 
     def _iteration(self) -> None:
         for slot in list(self._slots.values()):

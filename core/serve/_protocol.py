@@ -221,7 +221,7 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-FinishReason = Literal["stop", "length", "cancelled"]
+FinishReason = Literal["stop", "length", "cancelled", "shutdown"]
 
 
 class Usage(_Out):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import attrs
 import pytest
 
-from decoctl import load_model
+from decoctl import ControllerSpec, hookimpl, load_model
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import build_genai_model
 
@@ -56,16 +57,17 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def start_server(app: object, config: object | None = None) -> tuple[str, threading.Thread, Any]:
+def start_server(app: object, config: object | None = None, server: Any = None) -> tuple[str, threading.Thread, Any]:
     """Serve ``app`` with uvicorn in a thread on a socket bound here first, so clients may connect at once (the
-    kernel queues them until the server accepts)."""
+    kernel queues them until the server accepts); ``server``: a uvicorn Server of one's own over it."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(config or uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
+    if server is None:
+        server = uvicorn.Server(config or uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     return f"http://127.0.0.1:{port}", thread, server
@@ -89,3 +91,45 @@ def live(tiny_model: Path) -> Iterator[Live]:
 @pytest.fixture
 def client(live: Live) -> object:
     return openai.OpenAI(base_url=f"{live.url}/v1", api_key=API_KEY, max_retries=0)
+
+
+class Gated:
+    """Greedy, one token a step on its own row, but its third step waits for ``gate`` (``reached`` set first): a
+    completion provably in flight while a test shuts the server down or breaks its engine."""
+
+    def __init__(self, gate: threading.Event, reached: threading.Event) -> None:
+        self.gate, self.reached, self.steps = gate, reached, 0
+
+    def start(self, host: Any) -> None:
+        pass
+
+    def step(self, host: Any) -> None:
+        self.steps += 1
+        if self.steps == 3:
+            self.reached.set()
+            assert self.gate.wait(120), "the test never opened the gate"
+        token = int(host.argmax(host.target.logits()[-1:])[0])
+        host.commit((token,))
+        host.target.forward((token,))
+
+
+class GatedPlugin:
+    """The controller "gated" (Gated over this plugin's ``gate`` and ``reached``)."""
+
+    def __init__(self) -> None:
+        self.gate, self.reached = threading.Event(), threading.Event()
+
+    @hookimpl
+    def decoctl_controllers(self) -> list[ControllerSpec]:
+        return [ControllerSpec(name="gated", summary="waits on its third step", factory=self._make)]
+
+    def _make(self, options: Any) -> Gated:
+        return Gated(self.gate, self.reached)
+
+
+def wait_until(predicate: Any, what: str, seconds: float = 60.0) -> None:
+    """Wait for a state another thread reaches (polled; the deadline is only a bound on a failing test)."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.01)
