@@ -86,6 +86,38 @@ log = get_logger(__name__)
 RETRY_AFTER_SECONDS = 1
 #: the largest request body read (a chat of about a million words): more is refused (413) before it is kept
 MAX_BODY_BYTES = 8 << 20
+#: how long a client may take to send a request's body (a body trickling in holds a connection): then 408
+BODY_SECONDS = 30.0
+#: how long one event of a stream may wait for its client to take it (a client that stops reading holds a row):
+#: then the completion is cancelled, its row freed and the connection closed
+SEND_SECONDS = 30.0
+
+
+class _Stalled(Exception):
+    """A streaming client took none of its stream for the send timeout."""
+
+
+class _TimedStream(StreamingResponse):
+    """A stream whose every send waits at most ``seconds`` for the client; past it ``stalled()`` runs (the request
+    is cancelled) and the connection is closed without the rest."""
+
+    def __init__(self, content: Any, *, seconds: float, stalled: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._seconds = seconds
+        self._stalled = stalled
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def timed(message: Any) -> None:
+            try:
+                await asyncio.wait_for(send(message), self._seconds)
+            except TimeoutError:
+                raise _Stalled from None
+
+        try:
+            await super().__call__(scope, receive, timed)
+        except _Stalled:
+            log.warning("decoctl.serve.client_stalled", seconds=self._seconds)
+            self._stalled()
 
 
 class _Refusal(Exception):
@@ -163,12 +195,16 @@ def create_app(
     max_images: int = MAX_IMAGES,
     max_image_pixels: int = MAX_PIXELS,
     image_workers: int = IMAGE_WORKERS,
+    body_seconds: float = BODY_SECONDS,
+    send_seconds: float = SEND_SECONDS,
 ) -> Starlette:
     """The server's ASGI app over ``engine`` (started at the app's start-up, drained at its shutdown). A chat request
     carries at most ``max_images`` images of at most ``max_image_pixels`` pixels each (as sent, read from the header
     before decoding, and once resized); images are decoded and encoded before the request is queued, at most
     ``image_workers`` at a time, on worker threads (never the event loop or the engine thread); prompts are
-    tokenized and chat templates rendered on as many worker threads of their own."""
+    tokenized and chat templates rendered on as many worker threads of their own. A request body must arrive within
+    ``body_seconds`` (else 408), and each event of a stream must be taken by its client within ``send_seconds``
+    (else the completion is cancelled, its row freed, and the connection closed)."""
     metrics = Metrics(engine)
     image_work = anyio.CapacityLimiter(image_workers)
     # tokenizing and rendering chat templates: on worker threads too, so that a long prompt never holds the event loop
@@ -188,11 +224,17 @@ def create_app(
     async def parsed(request: Request, shape: type[CompletionRequest] | type[ChatRequest]) -> Any:
         authorised(request)
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise _Refusal(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB: send a shorter prompt")
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(body_seconds):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > MAX_BODY_BYTES:
+                        raise _Refusal(
+                            413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB: send a shorter prompt"
+                        )
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise _Refusal(408, f"the request body took over {body_seconds:g} s to arrive: send it at once") from None
         body = b"".join(chunks)
         try:
             data = json.loads(body)
@@ -365,10 +407,12 @@ def create_app(
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(
+            return _TimedStream(
                 _sse(stream(request, submitted, ident, prompts, chat, include_usage)),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                seconds=send_seconds,
+                stalled=submitted.cancel,
             )
         choices = [_Choice() for _ in range(submitted.choices)]
         async for index, event in events_of(submitted, request):

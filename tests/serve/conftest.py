@@ -94,18 +94,18 @@ def client(live: Live) -> object:
 
 
 class Gated:
-    """Greedy, one token a step on its own row, but its third step waits for ``gate`` (``reached`` set first): a
-    completion provably in flight while a test shuts the server down or breaks its engine."""
+    """Greedy, one token a step on its own row, but its step ``at`` (the third) waits for ``gate`` (``reached`` set
+    first): a completion provably in flight while a test shuts the server down or breaks its engine."""
 
-    def __init__(self, gate: threading.Event, reached: threading.Event) -> None:
-        self.gate, self.reached, self.steps = gate, reached, 0
+    def __init__(self, gate: threading.Event, reached: threading.Event, at: int = 3) -> None:
+        self.gate, self.reached, self.at, self.steps = gate, reached, at, 0
 
     def start(self, host: Any) -> None:
         pass
 
     def step(self, host: Any) -> None:
         self.steps += 1
-        if self.steps == 3:
+        if self.steps == self.at:
             self.reached.set()
             assert self.gate.wait(120), "the test never opened the gate"
         token = int(host.argmax(host.target.logits()[-1:])[0])
@@ -114,17 +114,17 @@ class Gated:
 
 
 class GatedPlugin:
-    """The controller "gated" (Gated over this plugin's ``gate`` and ``reached``)."""
+    """The controller "gated" (Gated over this plugin's ``gate``, ``reached`` and ``at``)."""
 
-    def __init__(self) -> None:
-        self.gate, self.reached = threading.Event(), threading.Event()
+    def __init__(self, at: int = 3) -> None:
+        self.gate, self.reached, self.at = threading.Event(), threading.Event(), at
 
     @hookimpl
     def decoctl_controllers(self) -> list[ControllerSpec]:
         return [ControllerSpec(name="gated", summary="waits on its third step", factory=self._make)]
 
     def _make(self, options: Any) -> Gated:
-        return Gated(self.gate, self.reached)
+        return Gated(self.gate, self.reached, self.at)
 
 
 def wait_until(predicate: Any, what: str, seconds: float = 60.0) -> None:
