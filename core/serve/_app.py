@@ -109,7 +109,8 @@ class _TimedStream(StreamingResponse):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         async def timed(message: Any) -> None:
             try:
-                await asyncio.wait_for(send(message), self._seconds)
+                async with asyncio.timeout(self._seconds):  # no task of its own, unlike wait_for
+                    await send(message)
             except TimeoutError:
                 raise _Stalled from None
 
