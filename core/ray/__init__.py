@@ -6,7 +6,8 @@ as Ray Serve replicas behind one endpoint (``serve run decoctl.ray:build_app``).
 
 Private modules: ``_batch`` (the actors), ``_serve`` (the replicas), ``_command`` (``decoctl generate --prompts FILE
 --ray-actors N`` and ``decoctl serve --ray-replicas N``), ``_cluster`` (Ray imported only when asked for, a cluster
-joined or started, its CPUs counted before anything loads).
+joined or started, its CPUs counted before anything loads), ``_runtime_env`` (the wheels of decoctl and of the
+plugins in use, shipped to the workers through Ray's runtime environment).
 
 Names load on first use (PEP 562), and none imports Ray until it runs: importing this package loads neither Ray nor
 a model.

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import csv
 import hashlib
 import json
 import logging
@@ -218,6 +219,8 @@ def unpack(wheel: Wheel, into: Path) -> list[Path]:
                 target = _target(name, data_dir)
                 if target is None:
                     continue
+                if Path(target).is_absolute() or ".." in Path(target).parts:
+                    raise _broken(wheel, f"{name} would be written outside the folder it is installed in")
                 destination = into / target
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 destination.write_bytes(content)
@@ -247,12 +250,7 @@ def _dist_info(wheel: Wheel, members: Iterable[str]) -> str:
 
 def _record(wheel: Wheel, text: str) -> dict[str, str]:
     """RECORD's "sha256=..." hash by file name (RECORD itself and signatures unhashed)."""
-    hashes = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition(",")
-        hashed = rest.partition(",")[0]
-        if name and hashed:
-            hashes[name] = hashed
+    hashes = {row[0]: row[1] for row in csv.reader(text.splitlines()) if len(row) >= 2 and row[0] and row[1]}
     if not hashes:
         raise _broken(wheel, "its RECORD lists no file")
     return hashes
