@@ -113,7 +113,7 @@ RAY_VENV := build/venv-ray
 test-ray: $(DIST_STAMP)
 	$(call new_venv,$(RAY_VENV))
 	$(UV_INSTALL) $(RAY_VENV)/bin/python '$(call wheel_of,decoctl)[ray,test]' '$(call wheel_of,decoctl_models)'
-	mkdir -p $(INSTALLED_RUN) && cd $(INSTALLED_RUN) && DECOCTL_TEST_INSTALLED=1 DECOCTL_DIST=$(CURDIR)/$(DIST) timeout 600 \
+	mkdir -p $(INSTALLED_RUN) && cd $(INSTALLED_RUN) && DECOCTL_TEST_INSTALLED=1 timeout 900 \
 		$(CURDIR)/$(RAY_VENV)/bin/python -m pytest -q -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) \
 		$(CURDIR)/tests/cluster
 
