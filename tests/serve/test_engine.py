@@ -187,7 +187,9 @@ def test_a_long_prompt_prefills_a_chunk_a_step_while_other_rows_decode(tiny_mode
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
     short, long = ids(engine, "x = 1"), ids(engine, "def read_lines(path, encoding):\n    with open(path) as f:")
     assert len(short) <= 4 < 24 < len(long)
-    engine.submit(EngineRequest(ids=short, max_new_tokens=30), lambda e: events.put(("short", e)))
+    # the short row decodes for longer than the long prompt can take to go in, however many tokens the measured
+    # costs let a step feed (one at the least): the long prompt never ends with no row decoding beside it
+    engine.submit(EngineRequest(ids=short, max_new_tokens=len(long) + 30), lambda e: events.put(("short", e)))
     engine.submit(EngineRequest(ids=long, max_new_tokens=5), lambda e: events.put(("long", e)))
     engine.start()
     order: list[str] = []
