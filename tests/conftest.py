@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
+import pickle
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import structlog
@@ -39,6 +43,37 @@ def pytest_configure(config: pytest.Config) -> None:
                 f"{package} imports from the source tree ({origin}), not from an installed wheel: run the tests from "
                 "a folder outside the checkout, in an environment without editable installs (make test-installed)"
             )
+
+
+T = TypeVar("T")
+BuiltOnce = Callable[[str, Callable[[Path], T]], T]
+
+
+@pytest.fixture(scope="session")
+def built_once(tmp_path_factory: pytest.TempPathFactory) -> BuiltOnce[object]:
+    """``built_once(name, build)``: ``build(folder)``'s result, made once for the whole run however many pytest-xdist
+    workers ask for it (an export costs tens of seconds): the first builds it under a lock in the folder the workers
+    share, the others wait for it and take its (pickled) result."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # this run's folder, above each worker's own
+    root = shared / "built-once"
+    root.mkdir(exist_ok=True)
+
+    def built(name: str, build: Callable[[Path], T]) -> T:
+        result = root / f"{name}.pickle"
+        with (root / f"{name}.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if result.exists():
+                value: T = pickle.loads(result.read_bytes())
+                return value
+            folder = root / name
+            folder.mkdir()
+            value = build(folder)
+            result.write_bytes(pickle.dumps(value))
+            return value
+
+    return built
 
 
 @pytest.fixture(scope="session")
