@@ -215,8 +215,7 @@ class PluginRegistry:
         #: hook name -> its records by name, until a plugin is registered or blocked
         self._records: dict[str, dict[str, Any]] = {}
         if autoload:
-            self._block_disabled_entry_points()
-            self._refuse_unsupported_entry_points()
+            self._screen_entry_points()
             self._load_entry_points()
             self._check_hooks()
         if builtins and not (self._pm.has_plugin(BUILTIN_PLUGIN) or self._pm.is_blocked(BUILTIN_PLUGIN)):
@@ -251,24 +250,20 @@ class PluginRegistry:
         self._pm.set_blocked(name)
         self._records.clear()
 
-    def _block_disabled_entry_points(self) -> None:
-        if not self._disabled:
-            return
+    def _screen_entry_points(self) -> None:
+        """Block, before any is imported, the plugins DECOCTL_DISABLE_PLUGINS names and those whose distribution
+        states decoctl versions this one is not (refused: logged and listed in ``skipped`` with the reason)."""
         for entry_point, dist in _entry_points():
-            if normalise_name(entry_point.name) in self._disabled or normalise_name(_name(dist)) in self._disabled:
-                log.info("decoctl.plugin_disabled", plugin=entry_point.name, distribution=_name(dist), env=DISABLE_ENV)
-                self._pm.set_blocked(entry_point.name)
-
-    def _refuse_unsupported_entry_points(self) -> None:
-        """Block, before importing it, each plugin whose distribution states decoctl versions this one is not."""
-        for entry_point, dist in _entry_points():
-            if self._pm.is_blocked(entry_point.name):
+            name, distribution = entry_point.name, _name(dist)
+            if normalise_name(name) in self._disabled or normalise_name(distribution) in self._disabled:
+                log.info("decoctl.plugin_disabled", plugin=name, distribution=distribution, env=DISABLE_ENV)
+                self._pm.set_blocked(name)
                 continue
             reason = unsupported_decoctl(dist)
             if reason is not None:
-                self.skipped[entry_point.name] = reason
-                log.warning("decoctl.plugin_refused", plugin=entry_point.name, distribution=_name(dist), reason=reason)
-                self._pm.set_blocked(entry_point.name)
+                self.skipped[name] = reason
+                log.warning("decoctl.plugin_refused", plugin=name, distribution=distribution, reason=reason)
+                self._pm.set_blocked(name)
 
     def _load_entry_points(self) -> None:
         try:

@@ -76,7 +76,6 @@ __all__ = ["create_app"]
 
 #: how deeply a request's JSON may nest (OpenAI's requests nest a few levels; JSON schemas a few more)
 MAX_JSON_DEPTH = 64
-_TOO_DEEP = object()
 #: images decoded and encoded at once, on worker threads
 IMAGE_WORKERS = 2
 
@@ -237,14 +236,15 @@ def create_app(
         except TimeoutError:
             raise _Refusal(408, f"the request body took over {body_seconds:g} s to arrive: send it at once") from None
         body = b"".join(chunks)
+        too_deep = _Refusal(400, f"the request body nests JSON more than {MAX_JSON_DEPTH} levels deep: flatten it")
         try:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise _Refusal(400, f"the request body is not valid JSON ({exc})") from None
         except RecursionError:  # nested deeper than Python's parser goes
-            data = _TOO_DEEP
-        if data is _TOO_DEEP or _depth(data) > MAX_JSON_DEPTH:
-            raise _Refusal(400, f"the request body nests JSON more than {MAX_JSON_DEPTH} levels deep: flatten it")
+            raise too_deep from None
+        if _depth(data) > MAX_JSON_DEPTH:
+            raise too_deep
         if not isinstance(data, dict):
             raise _Refusal(400, "the request body must be a JSON object")
         try:
