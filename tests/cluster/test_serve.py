@@ -191,21 +191,22 @@ def test_a_killed_replica_is_replaced_and_the_endpoint_answers_throughout(
         return raw.headers["x-decoctl-replica"], raw.parse().choices[0].text
 
     before: set[str] = set()
-    for _ in range(64):  # until both replicas have answered
-        before.add(answer()[0])
-        if len(before) == 2:
-            break
-    assert len(before) == 2
-    killed = sorted(before)[0]
-    ray_cluster.kill(ray_cluster.get_actor(f"SERVE_REPLICA::decoctl#decoctl#{killed}", namespace="serve"))
-    seen: set[str] = set()
-    for _ in range(2000):  # until Serve's replacement answers (it loads its models first)
-        replica, text = answer()
-        assert text == expected
-        assert replica != killed
-        seen.add(replica)
-        if seen - before:
-            break
+    with ThreadPoolExecutor(WAVE) as pool:  # in concurrent waves, as in _from_replica
+        for _ in range(16):  # until both replicas have answered
+            before.update(replica for replica, _ in pool.map(lambda _: answer(), range(WAVE)))
+            if len(before) == 2:
+                break
+        assert len(before) == 2
+        killed = sorted(before)[0]
+        ray_cluster.kill(ray_cluster.get_actor(f"SERVE_REPLICA::decoctl#decoctl#{killed}", namespace="serve"))
+        seen: set[str] = set()
+        for _ in range(500):  # until Serve's replacement answers (it loads its models first)
+            for replica, text in pool.map(lambda _: answer(), range(WAVE)):
+                assert text == expected
+                assert replica != killed
+                seen.add(replica)
+            if seen - before:
+                break
     assert seen - before, f"no new replica answered (answers from {sorted(seen)})"
 
 
