@@ -32,6 +32,7 @@ from typing import Any
 
 from decoctl import errors
 from decoctl.errors import ConfigError, DecoctlError
+from decoctl.model._image_processor import MAX_IMAGES, MAX_PIXELS
 from decoctl.plugins import PluginRegistry, resolve_model
 from decoctl.ray._cluster import connect, joined, require_cpus, require_ray
 from decoctl.ray._command import decoctl_error
@@ -62,6 +63,9 @@ REPLICA_ARGS: dict[str, tuple[type, Any]] = {
     "name": (str, None),
     "api_key": (str, None),
     "huge_pages": (bool, False),
+    "deterministic": (bool, False),
+    "max_images": (int, MAX_IMAGES),
+    "max_image_pixels": (int, MAX_PIXELS),
 }
 #: build_app's arguments about the deployment rather than a replica
 DEPLOYMENT_ARGS: dict[str, tuple[type, Any]] = {
@@ -98,12 +102,15 @@ class Replica:
             max_length=config.get("max_length"),
             prefill_chunk=config.get("prefill_chunk"),
             join_rule=JoinRule(prefill_share=config.get("prefill_share", PREFILL_SHARE)),
+            deterministic=bool(config.get("deterministic")),
         )
         self.decoctl_app = create_app(
             self.engine,
             model_name=config.get("name") or models["target"].name,
             chat_template=_chat_template(models["target"].spec.path, config.get("chat_template")),
             api_key=config.get("api_key"),
+            max_images=config.get("max_images", MAX_IMAGES),
+            max_image_pixels=config.get("max_image_pixels", MAX_PIXELS),
         )
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -171,7 +178,7 @@ def _checked(given: Mapping[str, Any], known: Mapping[str, tuple[type, Any]]) ->
         except ValueError:
             raise ConfigError(f"decoctl.ray.build_app: {key}={value!r} must be a {kind.__name__}") from None
         values[key] = value
-    for key in ("threads", "max_rows", "replicas"):
+    for key in ("threads", "max_rows", "replicas", "max_images", "max_image_pixels"):
         if key in values and values[key] < 1:
             raise ConfigError(f"decoctl.ray.build_app: {key}={values[key]} must be at least 1")
     return values
@@ -293,6 +300,9 @@ def run_replicas(args: argparse.Namespace, registry: PluginRegistry) -> int:
             name=args.name,
             api_key=args.api_key,
             huge_pages=not args.no_huge_pages,
+            deterministic=args.deterministic,
+            max_images=args.max_images,
+            max_image_pixels=args.max_image_pixels,
             replicas=replicas,
             autoscaling=autoscaling,
         )

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import decoctl.errors
 from decoctl.generation import Generator
 
 from .conftest import MODEL, run_cli, shipped
@@ -219,6 +220,17 @@ def test_build_app_takes_serve_run_arguments_as_strings() -> None:
     assert deployment.num_replicas == 2
     assert deployment.max_ongoing_requests == 4
     assert deployment.ray_actor_options["num_cpus"] == 1
+
+
+def test_build_app_gives_each_replica_the_deterministic_mode_and_the_image_limits() -> None:
+    pytest.importorskip("ray")
+    from decoctl.ray._serve import build_app
+
+    app = build_app({"model": MODEL, "deterministic": "true", "max_images": "2", "max_image_pixels": "4096"})
+    (config,) = app._bound_deployment.init_args  # what each Replica is built from
+    assert (config["deterministic"], config["max_images"], config["max_image_pixels"]) == (True, 2, 4096)
+    with pytest.raises(decoctl.errors.ConfigError, match="max_images=0 must be at least 1"):
+        build_app({"model": MODEL, "max_images": "0"})
 
 
 def test_build_app_passes_an_autoscaling_config_through_instead_of_a_replica_count() -> None:
