@@ -117,7 +117,7 @@ def build_llava(root: Path) -> Llava:
     onnx_dir.mkdir(exist_ok=True)
     _export_decoder(model, text, root, onnx_dir, tokenizer)
     _export_vision(model, onnx_dir / "vision.onnx")
-    _export_embedding(model, image_token, onnx_dir / "embedding.onnx")
+    export_embedding(model, image_token, onnx_dir / "embedding.onnx")
     _write_configs(onnx_dir, image_token, vision)
     tokenizer.save(str(onnx_dir / "tokenizer.json"))
     tokenizer.save(str(hf / "tokenizer.json"))
@@ -137,6 +137,12 @@ def _export_decoder(model: Any, text: Any, root: Path, out: Path, tokenizer: Any
     language.save_pretrained(text_dir)
     names = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, **names).save_pretrained(text_dir)
+    run_builder(text_dir, root, out)
+
+
+def run_builder(text_dir: Path, root: Path, out: Path) -> None:
+    """onnxruntime-genai's builder on the transformers folder ``text_dir`` with ``exclude_embeds=true`` (the decoder
+    takes inputs_embeds); its model.onnx, weights and genai_config.json copied into ``out``."""
     decoder_dir = root / "decoder"
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(text_dir), "-o", str(decoder_dir)]
     command += ["-p", "fp32", "-e", "cpu", "-c", str(root / "builder-cache"), "--extra_options", "exclude_embeds=true"]
@@ -178,7 +184,9 @@ def _export_vision(model: Any, path: Path) -> None:
     )
 
 
-def _export_embedding(model: Any, image_token: int, path: Path) -> None:
+def export_embedding(model: Any, image_token: int, path: Path) -> None:
+    """The embedding graph: input_ids and image_features -> inputs_embeds, the model's input embeddings with the
+    feature rows at the ``image_token`` positions, in order."""
     import torch
 
     class Embedding(torch.nn.Module):
