@@ -33,6 +33,7 @@ import attrs
 import numpy as np
 
 from decoctl.errors import ConfigError, ModelLoadError
+from decoctl.model._qwen_vl import smart_resize
 
 __all__ = ["ImagePreprocessor"]
 
@@ -139,6 +140,24 @@ _FAMILIES: Mapping[str, _Family] = {
         crops=True,
         pad="bottom_right",
     ),
+    # Qwen2-VL's (and Qwen2.5-VL's): resized to multiples of patch_size x merge_size between min_pixels and
+    # max_pixels (size's shortest_edge and longest_edge), then cut into patches (decoctl.model._qwen_vl)
+    "Qwen2VLImageProcessor": _Family(
+        defaults={
+            **_CLIP_DEFAULTS,
+            "size": {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280},
+            "do_center_crop": None,
+            "crop_size": None,
+            "min_pixels": None,
+            "max_pixels": None,
+            "patch_size": 14,
+            "temporal_patch_size": 2,
+            "merge_size": 2,
+        },
+        crops=False,
+        pad="",
+        own_keys=frozenset({"min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size"}),
+    ),
     # Gemma 3's processor never crops or pads, whatever the config says
     "Gemma3ImageProcessor": _Family(
         defaults={
@@ -177,9 +196,13 @@ class Resize:
     longest_edge: int | None = None
     max_height: int | None = None
     max_width: int | None = None
+    #: Qwen2-VL's smart resize: to multiples of ``factor`` holding ``shortest_edge`` to ``longest_edge`` pixels
+    factor: int | None = None
 
     def output(self, height: int, width: int) -> tuple[int, int]:
         """(height, width) after resizing an image of ``height`` x ``width``."""
+        if self.factor and self.shortest_edge and self.longest_edge:
+            return smart_resize(height, width, self.factor, self.shortest_edge, self.longest_edge)
         if self.shortest_edge and self.longest_edge:
             return _with_aspect_ratio(height, width, self.shortest_edge, self.longest_edge)
         if self.shortest_edge:
@@ -226,6 +249,9 @@ class ImagePreprocessor:
     std: tuple[float, float, float] | None
     pad: tuple[int, int] | None
     pad_to_largest: bool
+    #: Qwen2-VL's patching, (patch_size, temporal_patch_size, merge_size): the vision encoder takes the image cut
+    #: into patches (decoctl.model._qwen_vl.patchify); None for every other processor
+    patching: tuple[int, int, int] | None = None
 
     @classmethod
     def from_folder(cls, folder: Path) -> ImagePreprocessor:
@@ -448,7 +474,43 @@ class _Reader:
             std=self._triple("image_std") if normalize else None,
             pad=pad,
             pad_to_largest=pad_to_largest,
+            patching=self._patching(),
         )
+
+    def _patching(self) -> tuple[int, int, int] | None:
+        if "patch_size" not in self.family.own_keys:
+            return None
+        if not self._flag("do_resize"):
+            self._refuse(
+                "do_resize",
+                f"decoctl resizes every image for {self.processor} (to whole merged patches); set it to true",
+            )
+        sizes = []
+        for key in ("patch_size", "temporal_patch_size", "merge_size"):
+            value = self._required(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                self._refuse(key, "give a positive whole number")
+            sizes.append(value)
+        return sizes[0], sizes[1], sizes[2]
+
+    def _pixels_resize(self) -> Resize:
+        # Qwen2VLImageProcessor's __init__: min_pixels and max_pixels, where given, replace size's two edges
+        size = self._size_dict("size", default_to_square=False)
+        for key, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+            value = self._get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                self._refuse(key, "give a positive whole number of pixels")
+            size[edge] = value
+        if set(size) != {"shortest_edge", "longest_edge"}:
+            self._refuse(
+                "size",
+                f"{self.processor} resizes by shortest_edge and longest_edge (the least and most pixels, or "
+                "min_pixels and max_pixels); give both",
+            )
+        patch, merge = self._required("patch_size"), self._required("merge_size")
+        return Resize(shortest_edge=size["shortest_edge"], longest_edge=size["longest_edge"], factor=patch * merge)
 
     def _processor(self) -> str:
         named = self.config.get("image_processor_type")
@@ -554,6 +616,8 @@ class _Reader:
         return size["height"], size["width"]
 
     def _resize(self) -> Resize:
+        if "min_pixels" in self.family.own_keys:
+            return self._pixels_resize()
         default_to_square = self._flag("default_to_square")
         size = self._size_dict("size", default_to_square=default_to_square)
         keys = set(size)

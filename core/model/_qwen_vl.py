@@ -18,6 +18,8 @@ multimodal rotary positions (M-RoPE), each computed as transformers computes the
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,8 +44,6 @@ VISION_INPUTS = (
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """transformers' qwen2_vl smart_resize: (height, width) multiples of ``factor`` holding between ``min_pixels``
     and ``max_pixels`` pixels, the aspect ratio kept as near as that allows (its float arithmetic and round())."""
-    import math
-
     if max(height, width) / min(height, width) > 200:
         raise ConfigError(
             f"an image of {width}x{height} has an aspect ratio over 200, which Qwen2-VL's processor refuses (as "
@@ -116,7 +116,7 @@ class QwenVision:
     def feeds(self, patches: np.ndarray, grid: tuple[int, int, int]) -> dict[str, np.ndarray]:
         """The vision graph's inputs for one image's ``patches`` on its patch ``grid`` (t, h, w)."""
         t, h, w = grid
-        merge, unit = self.merge_size, self.merge_size**2
+        merge = self.merge_size
         rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
         shape = (h // merge, merge, w // merge, merge)
         rotary = np.stack(
@@ -130,7 +130,7 @@ class QwenVision:
         order, bounds = self._windows(t, h // merge, w // merge)
         count = len(patches)
         window = np.full((count, count), -np.inf, np.float32)
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        for start, end in itertools.pairwise(bounds):
             window[start:end, start:end] = 0.0
         full = np.full((count, count), -np.inf, np.float32)
         for frame in range(t):  # transformers attends within each frame (get_vision_cu_seqlens)
