@@ -599,7 +599,7 @@ class Sequence:
 
         @private"""
         start = self._runner.kv.length
-        self._runner.kv.advance(1)
+        self._runner.stepped(token)
         self._took(start, (token,), outputs, time.perf_counter() - seconds)
         self._fed = (start, 1, None)
 

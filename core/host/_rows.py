@@ -253,7 +253,12 @@ class Rows:
         self._aliased = stepped
         begin = time.perf_counter()
         self._kv.before_step(span)
-        outputs = self._step.run(every, lengths)
+        positions = None
+        if self.model.capabilities.position_axes != 1:  # M-RoPE: a row's position is its length plus its delta
+            positions = lengths.copy()
+            for r, sequence in zip(ids, sequences, strict=True):
+                positions[r] = sequence.runner.next_position()
+        outputs = self._step.run(every, lengths, positions)
         self._kv.after_step(span, stepped)
         seconds = time.perf_counter() - begin
         for row, sequence, token in zip(ids, sequences, fed, strict=True):

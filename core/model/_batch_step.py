@@ -30,6 +30,7 @@ class BatchStep:
         self._binding = model.session.io_binding()
         self._ids = np.zeros((capacity, 1), np.int64)
         self._positions = np.zeros((capacity, 1), np.int64)
+        self._axes = np.zeros(caps.position_axes * capacity, np.int64)
         self._seqlens = np.zeros(capacity, np.int32)
         self._total = np.zeros((), np.int32)
         # [k, total] blocks laid out at the start of flat buffers: their shape changes every step
@@ -46,9 +47,11 @@ class BatchStep:
             else None
         )
 
-    def run(self, tokens: np.ndarray, lengths: np.ndarray) -> RunOutputs:
+    def run(self, tokens: np.ndarray, lengths: np.ndarray, positions: np.ndarray | None = None) -> RunOutputs:
         """Feed ``tokens[r]`` (int64[k]) after ``lengths[r]`` cached positions of row r, for r in 0..k-1, in one Run.
-        Every row's key and value land at its own length; the caller advances only the rows it stepped."""
+        Every row's key and value land at its own length; the caller advances only the rows it stepped.
+        ``positions`` (int64[k]): each row's rotary position where it is not its length (an M-RoPE row whose prompt
+        held images: decoctl.model._qwen_vl), on every axis the graph's position_ids has."""
         spec, caps = self.model.spec, self.model.capabilities
         k = len(tokens)
         total = int(lengths.max()) + 1
@@ -71,8 +74,13 @@ class BatchStep:
             np.less_equal(np.arange(total)[None, :], lengths[:, None], out=mask, casting="unsafe")
             binding.bind_input(spec.attention_mask_name, "cpu", 0, np.int64, [k, total], self._mask.ctypes.data)
         if caps.position_ids is not None:
-            self._positions[:k, 0] = lengths
-            binding.bind_input(caps.position_ids, "cpu", 0, np.int64, [k, 1], self._positions.ctypes.data)
+            self._positions[:k, 0] = lengths if positions is None else positions
+            if caps.position_axes == 1:
+                binding.bind_input(caps.position_ids, "cpu", 0, np.int64, [k, 1], self._positions.ctypes.data)
+            else:  # M-RoPE's int64[3, k, 1]: a decode step's text position on every axis
+                axes = caps.position_axes
+                self._axes[: axes * k].reshape(axes, k)[:] = self._positions[:k, 0]
+                binding.bind_input(caps.position_ids, "cpu", 0, np.int64, [axes, k, 1], self._axes.ctypes.data)
         if caps.attention_bias is not None:
             self._bias[: k * total] = 0.0
             shape = [k, 1, 1, total]

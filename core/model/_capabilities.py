@@ -46,6 +46,8 @@ class Capabilities:
     True after), or None.
     ``logits_from``: the input that picks the first position whose logits a forward computes (its default 0: all of
     them), which the loader adds in front of the LM head (decoctl.model.graph._logit_rows), or None.
+    ``position_axes``: 3 where ``position_ids`` is int64[3, batch, sequence], a temporal, a height and a width
+    position per token (multimodal rotary positions, M-RoPE: decoctl.model._qwen_vl); 1 otherwise.
     """
 
     logits_all_positions: bool
@@ -63,6 +65,7 @@ class Capabilities:
     rings: tuple[RingLayer, ...] = ()
     inputs_embeds: str | None = None
     logits_from: str | None = None
+    position_axes: int = 1
 
     @property
     def tree(self) -> bool:
@@ -136,7 +139,14 @@ class Capabilities:
             rings=rings,
             inputs_embeds=spec.inputs_embeds_name if spec.inputs_embeds_name in inputs else None,
             logits_from=LOGITS_FROM if seq_dim != 1 and LOGITS_FROM in _overridable(session) else None,
+            position_axes=_position_axes(inputs.get(spec.position_ids_name)),
         )
+
+
+def _position_axes(port: Any) -> int:
+    """3 for M-RoPE's position_ids, int64[3, batch, sequence]; 1 for the usual [batch, sequence] (or none)."""
+    shape = getattr(port, "shape", None) or []
+    return 3 if len(shape) == 3 and shape[0] == 3 else 1
 
 
 def _check_types(spec: ModelSpec, inputs: dict[str, Any], outputs: dict[str, Any], ids: list[str]) -> None:

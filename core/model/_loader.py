@@ -19,11 +19,13 @@ from decoctl.model._capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model._encoder_decoder import Encoder, read_encoder
 from decoctl.model._kv_cache import kv_dtype, kv_shape
 from decoctl.model._prefill import PrefillGraph, read_prefill
+from decoctl.model._qwen_vl import qwen_vision
 from decoctl.model._ring_cache import DEFAULT_SLACK, RingLayer
 from decoctl.model._ring_probe import probe_rings
 from decoctl.model._spec import ModelSpec
 from decoctl.model._tokenizer import Tokenizer
 from decoctl.model._vision import ImagePreprocessor, TokenEmbedder, VisionParts, read_embedding_table
+from decoctl.model._vision_families import vision_family
 from decoctl.model.graph import _fed_lengths as fed_lengths
 from decoctl.model.graph import _logit_rows as logit_rows
 from decoctl.model.graph import _protowire as protowire
@@ -354,13 +356,24 @@ def _vision_parts(
         embedding, table, image_token=spec.image_token_id, ids=ids_input, features=feature_input, output=embeds_output
     )
     embedder.check_table()
-    log.debug("decoctl.vision_loaded", model=str(spec.path), table=embedder.table is not None)
+    config_path = spec.path / "genai_config.json"
+    family = vision_family(config_path)
+    preprocessor = ImagePreprocessor.from_folder(spec.path)
+    qwen = qwen_vision(config_path, preprocessor) if family == "qwen2_5_vl" else None
+    if (qwen is not None) != (capabilities.position_axes == 3):
+        raise ModelLoadError(
+            f"{config_path}: model.type {family!r} but {spec.onnx_file}'s {capabilities.position_ids} is "
+            f"{'three' if capabilities.position_axes == 3 else 'one'} position(s) a token: the type and the decoder "
+            "do not belong together (M-RoPE decoders take int64[3, batch, sequence]); export them together"
+        )
+    log.debug("decoctl.vision_loaded", model=str(spec.path), family=family, table=embedder.table is not None)
     return VisionParts(
+        qwen=qwen,
         vision=sessions["vision"],
         pixel_input=stages["vision"].host_inputs[0],
         feature_output=feature_output,
         embedder=embedder,
-        preprocessor=ImagePreprocessor.from_folder(spec.path),
+        preprocessor=preprocessor,
         image_token=spec.image_token_id,
     )
 

@@ -245,7 +245,10 @@ def _from_genai(path: Path, model: Mapping[str, Any]) -> Pipeline:
             name="vision",
             file=vision.get("filename", "vision.onnx"),
             phase="generation",
-            host_inputs=(v_in.get("pixel_values", "pixel_values"),),
+            # the pixel values first; a family whose vision graph takes more from the host names them too
+            host_inputs=tuple(
+                dict.fromkeys((v_in.get("pixel_values", "pixel_values"), *(str(name) for name in v_in.values())))
+            ),
         ),
         Stage(
             name="embedding",

@@ -19,16 +19,21 @@ multimodal rotary positions (M-RoPE), each computed as transformers computes the
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
 from decoctl.errors import ConfigError, ModelLoadError
 
-__all__ = ["MRopePositions", "QwenVision", "patchify", "smart_resize"]
+if TYPE_CHECKING:
+    from decoctl.model._image_processor import ImagePreprocessor
+
+__all__ = ["MRopePositions", "QwenVision", "patchify", "qwen_vision", "smart_resize"]
 
 #: the vision graph's inputs, by the names genai_config.json's vision section maps to the graph's own
 VISION_INPUTS = (
@@ -73,15 +78,44 @@ def patchify(pixels: np.ndarray, patch: int, merge: int, temporal: int) -> np.nd
     return np.ascontiguousarray(frames.reshape(grid_h * grid_w, channels * temporal * patch * patch), np.float32)
 
 
+def qwen_vision(config_path: Path, preprocessor: ImagePreprocessor) -> QwenVision:
+    """The vision geometry genai_config.json's vision section gives, checked against preprocessor_config.json's
+    patching (ModelLoadError naming the key where they differ)."""
+    section = json.loads(config_path.read_text(encoding="utf-8"))["model"]["vision"]
+    vision = QwenVision.from_section(section, str(config_path))
+    if preprocessor.patching is None:
+        raise ModelLoadError(
+            f"{config_path.parent / 'preprocessor_config.json'}: image_processor_type {preprocessor.processor!r} does "
+            "not cut images into patches as a Qwen2.5-VL vision encoder takes them: give Qwen2VLImageProcessor's "
+            "settings (the model's own preprocessor_config.json)"
+        )
+    patch, temporal, merge = preprocessor.patching
+    for key, theirs, ours in (("patch_size", patch, vision.patch_size), ("merge_size", merge, vision.merge_size)):
+        if theirs != ours:
+            raise ModelLoadError(
+                f"{config_path.parent / 'preprocessor_config.json'}: {key} {theirs} but {config_path}'s vision "
+                f"section says {ours}: give both the vision config's value"
+            )
+    return attrs.evolve(vision, temporal_patch_size=temporal)
+
+
 @attrs.frozen(kw_only=True)
 class QwenVision:
     """The vision encoder's geometry (genai_config.json's vision section: ``patch_size``, ``spatial_merge_size``,
-    ``window_size``) and the graph's input names (its ``inputs``, keyed as VISION_INPUTS)."""
+    ``window_size``; preprocessor_config.json's ``temporal_patch_size``) and the graph's input names (its
+    ``inputs``, keyed as VISION_INPUTS)."""
 
     patch_size: int
     merge_size: int
     window_size: int
     inputs: Mapping[str, str]
+    temporal_patch_size: int = 2
+
+    def image(self, pixels: np.ndarray) -> tuple[dict[str, np.ndarray], tuple[int, int, int]]:
+        """The vision graph's feeds for one float32[3, H, W] image, and its patch grid (t, h, w)."""
+        patches = patchify(pixels, self.patch_size, self.merge_size, self.temporal_patch_size)
+        grid = (1, pixels.shape[1] // self.patch_size, pixels.shape[2] // self.patch_size)
+        return self.feeds(patches, grid), grid
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any], source: str) -> QwenVision:
@@ -177,30 +211,44 @@ class ImageGrid:
 
 
 class MRopePositions:
-    """One row's M-RoPE positions by cache index (see the module docstring): ``fill(tokens, past, images_before)``
-    writes the positions of tokens fed at ``past``.. into ``out`` and keeps, per index, where the text resumes."""
+    """One row's M-RoPE positions by cache index (see the module docstring): ``fill`` writes the positions of the
+    tokens fed at an index and keeps, per index, where the text resumes."""
 
-    def __init__(self, max_length: int, image_token: int) -> None:
-        self.image_token = image_token
-        #: the position the token at index i takes on the text axis if it is text: transformers' current_pos
+    def __init__(self, max_length: int, image_token: int | None, merge_size: int) -> None:
+        self.image_token = -1 if image_token is None else image_token
+        self.merge_size = merge_size
+        #: the position the token at index i takes on every axis if it is text: transformers' current_pos
         self._cursor = np.zeros(max_length + 2, np.int64)
         #: for an image token at index i, the position where its image began
         self._start = np.zeros(max_length + 1, np.int64)
         #: whether the token at index i took an image's features
         self._image = np.zeros(max_length + 1, np.bool_)
-        self.grids: tuple[ImageGrid, ...] = ()
-        self._first: np.ndarray = np.zeros(1, np.int64)
+        self._grids: tuple[tuple[int, int, int], ...] = ()
+        self._merged: tuple[ImageGrid, ...] = ()
+        self._first = np.zeros(1, np.int64)
 
-    def attach(self, grids: tuple[ImageGrid, ...]) -> None:
-        """The grids of the images the row's prompt holds, in order (None of them: a text-only prompt)."""
-        self.grids = grids
-        self._first = np.cumsum([0, *(g.offsets.shape[1] for g in grids)])
+    def _attach(self, grids: tuple[tuple[int, int, int], ...]) -> None:
+        if grids == self._grids:
+            return
+        self._grids = grids
+        self._merged = tuple(ImageGrid.of(g, self.merge_size) for g in grids)
+        self._first = np.cumsum([0, *(g.offsets.shape[1] for g in self._merged)])
 
-    def fill(self, tokens: np.ndarray, past: int, images_before: int, held: int, out: np.ndarray) -> None:
+    def fill(
+        self,
+        tokens: np.ndarray,
+        past: int,
+        images_before: int,
+        grids: tuple[tuple[int, int, int], ...],
+        out: np.ndarray,
+    ) -> None:
         """Positions int64[3, n] into ``out`` for ``tokens`` fed at ``past``, where ``images_before`` image tokens
-        fed earlier took image features and ``held`` feature rows exist in all; the cursor advances past them.
+        were fed earlier and ``grids`` are the patch grids of the images the prompt holds (their features go to the
+        first image tokens, in order; an image token past them is text, as a generated one is).
         ConfigError where the tokens break an image's run (text inside it, or two images with nothing between them,
         which transformers' get_rope_index would read as one)."""
+        self._attach(grids)
+        held = int(self._first[-1])
         cursor = int(self._cursor[past])
         image_rows = images_before
         for i, token in enumerate(tokens.tolist()):
@@ -217,7 +265,7 @@ class MRopePositions:
                 else:
                     self._start[index] = self._start[index - 1]
                 start = int(self._start[index])
-                grid = self.grids[image]
+                grid = self._merged[image]
                 out[:, i] = grid.offsets[:, within] + start
                 image_rows += 1
                 if within == grid.offsets.shape[1] - 1:

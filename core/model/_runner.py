@@ -24,6 +24,7 @@ from decoctl.model._kv_cache import (
 )
 from decoctl.model._loader import LoadedModel
 from decoctl.model._prefill import QUERY_SEQLENS
+from decoctl.model._qwen_vl import MRopePositions
 from decoctl.model._vision import ImageFeatures, too_many_image_tokens
 
 __all__ = [
@@ -248,6 +249,7 @@ class Runner:
         self._embedder = model.vision.embedder if model.vision is not None and caps.inputs_embeds else None
         #: the images of this sequence's prompt, their features in order (set by the host before the prefill)
         self.images: ImageFeatures | None = None
+        self._blocks = model.vision.blocks if model.vision is not None and self._embedder is not None else None
         self._prefill = _PrefillRun(model, self) if model.prefill is not None else None
         if self._embedder is not None:
             # a step looks its token up in the embedding table into a bound row; without a table it runs the graph
@@ -255,6 +257,17 @@ class Runner:
             self._embeds = _Growable(self._embedder.hidden, np.float32)
             self._history = np.zeros(self.max_length + 1, np.int64)
             self._images_before = np.zeros(self.max_length + 2, np.int64)
+        # M-RoPE decoders take three positions a token, kept per cache index (decoctl.model._qwen_vl)
+        self._mrope: MRopePositions | None = None
+        if caps.position_axes == 3:
+            qwen = model.vision.qwen if model.vision is not None else None
+            self._mrope = MRopePositions(
+                self.max_length,
+                self._embedder.image_token if self._embedder is not None else None,
+                qwen.merge_size if qwen is not None else 1,
+            )
+            self._positions3 = np.zeros(3 * self.max_length, np.int64)
+            self._positions3_pointer = self._positions3.ctypes.data
 
     @property
     def length(self) -> int:
@@ -280,6 +293,11 @@ class Runner:
         past = self.kv.length
         total = past + n
         spec, caps = self._names, self._caps
+        if self._blocks is not None and positions is None and bias is None and features is None:
+            held = 0 if self.images is None else len(self.images.rows)
+            pieces = self._blocks.spans(tokens, held - int(self._images_before[past]), self.model.name)
+            if pieces:  # image tokens that attend to each other both ways (decoctl.model._image_blocks)
+                return self._blocks.run(self, tokens, pieces, keep)
         if bias_positions is not None and self.kv.rings is not None:
             self.kv.rings.check_tree(n, self.model.name)
         if self._prefill is not None and n > 1 and positions is None and bias is None and features is None:
@@ -292,7 +310,15 @@ class Runner:
         else:
             self._bind_embeds(ids[:, :n], past)
         self._feed_length(total)
-        if caps.position_ids is not None:
+        if self._mrope is not None:
+            if positions is not None:
+                raise CapabilityError(
+                    f"model {self.model.name} takes three rotary positions a token (M-RoPE): decoctl computes them "
+                    "itself and takes no positions from the caller (no trees)"
+                )
+            self._fill_mrope(ids[0, :n], past)
+            self._bind(caps.position_ids or "", np.int64, (3, 1, n), self._positions3_pointer)
+        elif caps.position_ids is not None:
             pos = self._positions
             if positions is None:
                 if n == 1:
@@ -306,7 +332,8 @@ class Runner:
             self._fill_bias(n, total, bias)
             self._fast.bind_input(caps.attention_bias, np.float32, [1, 1, n, total], self._bias_pointer)
             if caps.windows:
-                fed = self._positions[0, :n] if caps.position_ids is not None else np.arange(past, total)
+                chain = caps.position_ids is None or self._mrope is not None  # windows count cache slots
+                fed = np.arange(past, total) if chain else self._positions[0, :n]
                 self._bind_windows(n, total, fed, bias, bias_positions)
         if caps.feature_input is not None and self._features is not None:
             if features is None:
@@ -481,6 +508,37 @@ class Runner:
         rows[:] = self._embedder.embed(tokens, features)[0]
         self._fast.bind_input(self._caps.inputs_embeds or "", np.float32, [1, n, rows.shape[1]], self._embeds.pointer)
 
+    def _fill_mrope(self, tokens: np.ndarray, past: int) -> None:
+        """This run's M-RoPE positions, int64[3, n], at the start of their buffer."""
+        assert self._mrope is not None
+        n = len(tokens)
+        before = int(self._images_before[past]) if self._embedder is not None else 0
+        grids = self.images.grids if self.images is not None else ()
+        self._mrope.fill(tokens, past, before, grids, self._positions3[: 3 * n].reshape(3, n))
+
+    def next_position(self) -> int:
+        """The rotary position a text token fed next takes (every axis of an M-RoPE decoder): the length, plus the
+        row's delta where its prompt holds images."""
+        return self._mrope.next_position(self.kv.length) if self._mrope is not None else self.kv.length
+
+    def stepped(self, token: int) -> None:
+        """A batched step (decoctl.model._batch_step) fed ``token`` to this row at its length: advance the cache and
+        keep what a run keeps of a fed token."""
+        length = self.kv.length
+        if self._mrope is not None:
+            self._fill_mrope(np.array((token,), np.int64), length)
+        self.kv.advance(1)
+        if self._embedder is not None:
+            self._record(np.array((token,), np.int64), length)
+
+    def feature_row(self, slot: int) -> int:
+        """The feature row the image token fed at cache slot ``slot`` takes (how many image tokens come before it)."""
+        return int(self._images_before[slot])
+
+    def set_feature_row(self, slot: int, row: int) -> None:
+        """Feed the next image token at ``slot`` feature row ``row`` (an image block fed again as a copy)."""
+        self._images_before[slot] = row
+
     def _record(self, tokens: np.ndarray, past: int) -> None:
         """Keep the fed tokens and the running count of image tokens (which feature row the next one takes)."""
         assert self._embedder is not None
@@ -493,6 +551,8 @@ class Runner:
         """This runner's cache now holds ``tokens`` (a fork or reorder copied another row's): take their history."""
         if self._embedder is not None and len(tokens):
             self._record(np.asarray(tokens, np.int64), 0)
+        if self._mrope is not None and len(tokens):
+            self._fill_mrope(np.asarray(tokens, np.int64), 0)
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` positions of the KV cache (a rewind)."""
@@ -515,7 +575,10 @@ class Runner:
         """Move the KV rows at ``positions`` (int64[k], ascending) to ``start``.. (a tree's kept path)."""
         self.kv.gather(positions, start)
         if self._embedder is not None:
-            self._record(self._history[positions].copy(), start)
+            kept = self._history[positions].copy()
+            if self._mrope is not None:
+                self._fill_mrope(kept, start)
+            self._record(kept, start)
 
 
 _NODE = re.compile(r"running (\w+) node\. Name:'([^']*)' Status Message: (.*)", re.S)

@@ -19,7 +19,10 @@ import numpy as np
 import onnxruntime as ort
 
 from decoctl.errors import CapabilityError, ConfigError, ModelLoadError, SequenceError
+from decoctl.model._gemma3_vision import Gemma3Marks
+from decoctl.model._image_blocks import BidirectionalImages
 from decoctl.model._image_processor import MAX_PIXELS, ImagePreprocessor
+from decoctl.model._qwen_vl import QwenVision
 from decoctl.model.graph import _protowire as pw
 
 __all__ = ["ImageFeatures", "ImagePreprocessor", "TokenEmbedder", "VisionParts", "read_embedding_table"]
@@ -39,6 +42,8 @@ class ImageFeatures:
 
     rows: np.ndarray
     per_image: tuple[int, ...]
+    #: each image's patch grid (t, h, w), for a family whose positions follow it (Qwen2.5-VL's M-RoPE); else ()
+    grids: tuple[tuple[int, int, int], ...] = ()
 
 
 def read_embedding_table(path: Path, input_ids: str) -> np.ndarray | None:
@@ -151,8 +156,17 @@ class VisionParts:
         embedder: TokenEmbedder,
         preprocessor: ImagePreprocessor,
         image_token: int,
+        qwen: QwenVision | None = None,
+        marks: Gemma3Marks | None = None,
+        blocks: BidirectionalImages | None = None,
     ) -> None:
         self.vision = vision
+        #: Gemma 3's image marks, expanded in the prompt's text (decoctl.model._gemma3_vision); None: expand() the ids
+        self.marks = marks
+        #: how an image's tokens attend to each other both ways (decoctl.model._image_blocks); None: causally
+        self.blocks = blocks
+        #: Qwen2.5-VL's patching and vision indices (decoctl.model._qwen_vl), None for a fixed-size family
+        self.qwen = qwen
         self.pixel_input = pixel_input
         self.feature_output = feature_output
         self.embedder = embedder
@@ -165,22 +179,34 @@ class VisionParts:
         of more than ``max_pixels`` pixels (as given or once resized), before it is decoded where its header says."""
         if not images:
             return ImageFeatures(rows=np.zeros((0, self.embedder.hidden), np.float32), per_image=())
-        parts = []
+        parts, grids = [], []
         for index, pixels in enumerate(self.preprocessor.each(images, max_pixels=max_pixels)):
             self.encoder_runs += 1
+            if self.qwen is not None:
+                feeds, grid = self.qwen.image(pixels)
+                grids.append(grid)
+            else:
+                # one image, or with pan-and-scan the whole image and its crops: float32[views, 3, height, width]
+                feeds = {self.pixel_input: pixels if pixels.ndim == 4 else pixels[None]}
             try:
-                out = self.vision.run([self.feature_output], {self.pixel_input: pixels[None]})[0]
+                out = self.vision.run([self.feature_output], feeds)[0]
             except Exception as exc:  # onnxruntime's own error types
                 raise ModelLoadError(
-                    f"the vision encoder fails on image {index} (pixel values {pixels[None].shape}): "
+                    f"the vision encoder fails on image {index} (pixel values {feeds[self.pixel_input].shape}): "
                     f"{exc}; check preprocessor_config.json's size against the encoder's input"
                 ) from exc
             parts.append(np.asarray(out, np.float32).reshape(-1, out.shape[-1]))
-        return ImageFeatures(rows=np.concatenate(parts), per_image=tuple(len(p) for p in parts))
+        return ImageFeatures(rows=np.concatenate(parts), per_image=tuple(len(p) for p in parts), grids=tuple(grids))
 
     def expand(self, ids: Sequence[int], features: ImageFeatures) -> list[int]:
         """The prompt's token ids with each image token expanded to its image's rows of image tokens (a prompt
-        holds one image token per image, where the image goes). Raises ConfigError where the counts differ."""
+        holds one image token per image, where the image goes). Raises ConfigError where the counts differ, and
+        CapabilityError for a family whose marks expand in the text (``marks``: expand_text)."""
+        if self.marks is not None:
+            raise CapabilityError(
+                f"this model's image marks ({self.marks.boi}) expand in the prompt's text, before it is tokenized: "
+                "give the prompt as text (decoctl.generate or a Generator), not as token ids"
+            )
         marks = [i for i, token in enumerate(ids) if token == self.image_token]
         if len(marks) != len(features.per_image):
             raise ConfigError(

@@ -350,7 +350,7 @@ def test_a_file_that_is_not_an_image_is_refused_naming_it(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("settings_", "named"),
     [
-        ({"image_processor_type": "Qwen2VLImageProcessor"}, "image_processor_type 'Qwen2VLImageProcessor'"),
+        ({"image_processor_type": "Idefics3ImageProcessor"}, "image_processor_type 'Idefics3ImageProcessor'"),
         ({"size": {"shortest_edge": 8}}, "names no image_processor_type"),
         ({"image_processor_type": CLIP, "image_grid_pinpoints": [[336, 672]]}, "image_grid_pinpoints"),
         ({"image_processor_type": CLIP, "do_pan_and_scan": True}, "do_pan_and_scan"),
