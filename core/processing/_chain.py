@@ -321,7 +321,9 @@ class ProcessorChain:
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         if not self._steps:
             return rows
-        return self._run(self._steps, rows.astype(np.float32), context)  # a private copy: steps write in place
+        out = self._run(self._steps, rows.astype(np.float32), context)  # a private copy: steps write in place
+        self._check_possible(out)
+        return out
 
     def _run(self, steps: Sequence[Any], out: np.ndarray, context: ProcessContext) -> np.ndarray:
         """``out`` through ``steps`` in turn, each result checked: PluginError naming the step that raised or that
@@ -368,8 +370,24 @@ class ProcessorChain:
         out = self._run(self._head, rows.astype(np.float32), context)
         choices = out.argmax(axis=1)
         if not self._tail or all(self._keeps(out[i], int(choices[i])) for i in range(len(choices))):
+            self._check_possible(out)
             return choices
-        return self._run(self._tail, out, context).argmax(axis=1)
+        out = self._run(self._tail, out, context)
+        self._check_possible(out)
+        return out.argmax(axis=1)
+
+    def _check_possible(self, out: np.ndarray) -> None:
+        """ConfigError where the chain left a row no token to pick (every logit -inf, or NaN): its processors
+        exclude each other (a top_k before a grammar, two grammars), and a pick from that row would be arbitrary."""
+        top = out.max(axis=1) if out.size else out
+        if out.size and not bool(np.all(top > -np.inf)):  # -inf or NaN
+            row = int(np.flatnonzero(~(top > -np.inf))[0])
+            what = "no token it allows" if top[row] == -np.inf else "NaN logits"
+            raise ConfigError(
+                f"the logits processors {', '.join(repr(n) for n in self.names)} left row {row} {what}: they exclude "
+                "each other (two grammars, or a truncation such as top_k ahead of a grammar); keep one constraint, "
+                "or put the grammar first"
+            )
 
     def _argmax_unprocessed(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray | None:
         """Every row's argmax read from the unprocessed rows, or None as soon as one row needs the steps run.

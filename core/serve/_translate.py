@@ -44,6 +44,13 @@ def processor_tables(
     body: CompletionRequest | ChatRequest, registry: PluginRegistry, vocab_size: int, *, sampling: bool
 ) -> list[dict[str, Any]]:
     tables: list[dict[str, Any]] = []
+    schema = _response_schema(body) if isinstance(body, ChatRequest) else None
+    if schema is not None:
+        # first in the chain: every other processor (top_k, a bias, penalties) works among the tokens it allows.
+        # JSON as OpenAI writes it: ", " and ": " between items, no other whitespace (llguidance's default lets a
+        # model pad with whitespace it was never trained to stop)
+        schema = {"x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}, **schema}
+        tables.append({"name": "grammar", "json_schema": json.dumps(schema)})
     if body.logit_bias:
         biases = {}
         for key, bias in body.logit_bias.items():
@@ -56,13 +63,13 @@ def processor_tables(
     if body.frequency_penalty:
         tables.append({"name": "frequency_penalty", "penalty": body.frequency_penalty})
     if body.decoctl is not None and body.decoctl.processors:
-        tables.extend(_chain_tables(body.decoctl.processors, registry))
-    schema = _response_schema(body) if isinstance(body, ChatRequest) else None
-    if schema is not None:
-        # JSON as OpenAI writes it: ", " and ": " between items, no other whitespace (llguidance's default lets a
-        # model pad with whitespace it was never trained to stop)
-        schema = {"x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}, **schema}
-        tables.append({"name": "grammar", "json_schema": json.dumps(schema)})
+        chain = _chain_tables(body.decoctl.processors, registry)
+        if schema is not None and any(normalise_name(str(t["name"])) == "grammar" for t in chain):
+            raise ConfigError(
+                "decoctl.processors names a grammar and response_format asks for JSON: one request takes one grammar "
+                "(drop the grammar from processors, or response_format)"
+            )
+        tables.extend(chain)
     if sampling and body.temperature is not None and body.temperature != 1:
         tables.append({"name": "temperature", "temperature": body.temperature})
     if sampling and body.top_p is not None and body.top_p < 1:

@@ -224,3 +224,30 @@ def test_thousands_of_stop_strings_are_a_400_naming_the_limit(live: Live) -> Non
 def test_a_body_that_is_not_utf8_is_a_400(live: Live) -> None:
     status, message = refused(live, b'{"model": "tiny", "prompt": "\xff\xfe"}')
     assert status == 400 and "not valid JSON" in message
+
+
+def test_a_grammar_in_processors_beside_response_format_is_a_400(live: Live) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "response_format": {"type": "json_object"},
+        "decoctl": {"processors": "Grammar=[0-9]+"},
+    }
+    status, message = refused(live, body, "/v1/chat/completions")
+    assert status == 400 and "one request takes one grammar" in message
+
+
+def test_top_k_works_among_the_tokens_response_format_allows(live: Live) -> None:
+    # the grammar goes first in the chain: top_k=1 keeps the best token the grammar allows, never none
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 6,
+        "temperature": 0,
+        "response_format": {"type": "json_object"},
+        "decoctl": {"processors": "top_k=1"},
+    }
+    status, answer, _ = post(live.url + "/v1/chat/completions", body)
+    assert status == 200, answer
+    assert answer["choices"][0]["message"]["content"].startswith("{")

@@ -74,6 +74,22 @@ def test_a_request_head_that_trickles_in_is_cut(impatient: tuple[str, Any]) -> N
     assert status == 200
 
 
+def test_a_thousand_idle_connections_leave_requests_answered_and_are_closed_at_the_head_timeout(
+    impatient: tuple[str, Any, GatedPlugin],
+) -> None:
+    address, _, _ = impatient
+    idle = [connect(address) for _ in range(1000)]  # connected, and never a byte sent
+    try:
+        status, answer, _ = post(f"http://{address}/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2})
+        assert status == 200 and answer["usage"]["completion_tokens"] == 2
+        assert all(client.recv(1024) == b"" for client in idle)  # each closed by the server, none answered
+    finally:
+        for client in idle:
+            client.close()
+    status, _, _ = post(f"http://{address}/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1})
+    assert status == 200
+
+
 def test_a_body_that_trickles_in_is_a_408(impatient: tuple[str, Any]) -> None:
     address, _, _ = impatient
     with connect(address) as client:
