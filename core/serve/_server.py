@@ -20,6 +20,7 @@ is cancelled after its ``send_seconds`` (decoctl.serve._app).
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 from typing import Any
 
@@ -102,6 +103,14 @@ class Server(uvicorn.Server):
         self.engine = engine
         self.drain_seconds = drain_seconds
         engine.on_failure(self._engine_failed)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """uvicorn's handler, but a SIGTERM is not raised again once the server has drained (uvicorn re-raises
+        the signals it caught, so that the process would die of SIGTERM after draining): ``decoctl serve`` ends
+        with its own exit status, 0 after a drain, for a supervisor to read."""
+        super().handle_exit(sig, frame)
+        if sig == signal.SIGTERM:
+            self._captured_signals.remove(sig)
 
     def _engine_failed(self, reason: str) -> None:
         self.should_exit = True  # uvicorn's main loop sees it within its tick, as it sees a signal

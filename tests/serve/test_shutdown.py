@@ -112,3 +112,30 @@ def test_a_completion_still_running_when_the_drain_ends_is_cut_and_counted(tiny_
     assert sum(c.model_extra["decoctl"].get("tokens", 0) for c in chunks[:-1]) == 3
     assert engine.cancelled == 1
     assert [(e["cut"], e["refused"], e["log_level"]) for e in drained] == [(1, 0, "warning")]
+
+
+def test_decoctl_serve_exits_zero_once_sigterm_drained_it(tiny_model: Path) -> None:
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from .test_refusals import post
+
+    command = [sys.executable, "-c", "import sys; from decoctl.cli import main; sys.exit(main(sys.argv[1:]))"]
+    command += ["serve", "-m", str(tiny_model), "--name", MODEL, "--port", "0", "--api-key", API_KEY]
+    process = subprocess.Popen([*command, "--no-huge-pages"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        found = re.search(r"on http://127\.0\.0\.1:(\d+)", process.stderr.readline())
+        assert found
+        status, _, _ = post(f"http://127.0.0.1:{found.group(1)}/v1/completions", {"model": MODEL, "prompt": "x"})
+        assert status == 200
+        process.send_signal(signal.SIGTERM)
+        _, rest = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, rest  # not killed by the signal uvicorn would raise again after the drain
+    assert "Traceback" not in rest
