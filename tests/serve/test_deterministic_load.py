@@ -93,7 +93,7 @@ def twins(target: Any, registry: Any, chunk: int | None) -> list[tuple[str, list
 def offline_logprobs(target: Any, prompt: str, tokens: tuple[int, ...], chunk: int | None) -> list[float]:
     """Each token's log-probability as the engine computes it, from the logits that generate's forwards give: the
     prompt in chunks of ``chunk`` (None: whole), then one token a step."""
-    from decoctl.serve._engine import _logprob
+    from decoctl.serve._executor import _logprob
 
     sequence = Sequence("target", target, max_length=target.spec.max_length)
     ids = np.asarray(target.tokenizer.encode(prompt), np.int64)
