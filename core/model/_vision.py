@@ -10,6 +10,7 @@ to the image token that no image fills (one the model generates) takes its table
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,13 @@ class VisionParts:
                 f"the prompt holds {len(marks)} image token(s) (id {self.image_token}) for {len(features.per_image)} "
                 "image(s): put one image token in the prompt where each image goes, one per image given"
             )
+        if self.qwen is not None:  # M-RoPE: transformers reads one run of image tokens as one image
+            for index, (mark, following) in enumerate(itertools.pairwise(marks)):
+                if following == mark + 1:
+                    raise ConfigError(
+                        f"images {index} and {index + 1} stand next to each other in the prompt (token {mark}): put "
+                        "text between them (Qwen's <|vision_end|><|vision_start|>), as transformers needs"
+                    )
         out: list[int] = []
         last = 0
         for mark, rows in zip(marks, features.per_image, strict=True):
