@@ -21,8 +21,11 @@ from typing import Any
 import attrs
 
 from decoctl.errors import ConfigError, ModelLoadError
+from decoctl.model._capabilities import Capabilities
+from decoctl.model._image_blocks import BidirectionalImages
+from decoctl.model._spec import ModelSpec
 
-__all__ = ["Gemma3Marks"]
+__all__ = ["Gemma3Marks", "gemma3_images"]
 
 #: Gemma3Processor's default image_seq_length, where processor_config.json gives none
 _IMAGE_SEQ_LENGTH = 256
@@ -92,6 +95,30 @@ class Gemma3Marks:
                 out.append(whole)
             out.append(after)
         return "".join(out)
+
+
+def gemma3_images(spec: ModelSpec, capabilities: Capabilities) -> tuple[Gemma3Marks, BidirectionalImages]:
+    """A Gemma 3 folder's image marks and its image blocks' feeding; ModelLoadError where the decoder cannot attend
+    among an image's tokens both ways as transformers does."""
+    missing = [
+        name
+        for name, found in (
+            ("position_ids", capabilities.position_ids),
+            ("attention_bias", capabilities.attention_bias),
+        )
+        if found is None
+    ]
+    if missing:
+        raise ModelLoadError(
+            f"{spec.onnx_file} takes no {' or '.join(missing)} input, but Gemma 3 attends bidirectionally among each "
+            "image's tokens while the prompt goes in (transformers' token_type_ids mask) and the decoder's "
+            "GroupQueryAttention is causal: decoctl feeds an image's tokens exactly through those two inputs "
+            "(decoctl.model._image_blocks), and without them every answer to an image would differ from "
+            f"transformers'. Run `decoctl models enable-tree {spec.path} NEW_FOLDER` and load NEW_FOLDER"
+        )
+    assert spec.image_token_id is not None  # the loader checked it
+    marks = Gemma3Marks.from_folder(spec.path)
+    return marks, BidirectionalImages(layers=spec.num_layers, image_token=spec.image_token_id)
 
 
 def _json(path: Path) -> dict[str, Any]:

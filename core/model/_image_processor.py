@@ -3,13 +3,18 @@ its PIL backend (``AutoImageProcessor.from_pretrained(folder, backend="pil")``, 
 torchvision is not installed), step by step in its order and its arithmetic, with Pillow and numpy only.
 
 The processors decoctl knows are those of the vision-language models it runs: CLIPImageProcessor (LLaVA's checkpoints
-ship it), LlavaImageProcessor, SiglipImageProcessor and Gemma3ImageProcessor (pan-and-scan off). The steps:
+ship it), LlavaImageProcessor, SiglipImageProcessor and Gemma3ImageProcessor (pan-and-scan off and on). The steps:
 
 - reading: a file path or a file's bytes is opened as transformers' ``load_image`` opens a path or a data: URL (EXIF
   orientation applied, then Pillow's ``convert("RGB")``, which drops transparency); a PIL image is taken as it is;
 - ``do_convert_rgb``: an image with an alpha band (any band named A) or a transparency entry is composited onto white,
   every other mode goes through ``convert("RGB")``;
 - LlavaImageProcessor's ``do_pad``: the image padded to a square, centred, in ``image_mean`` times 255 (truncated);
+- Gemma3ImageProcessor's ``do_pan_and_scan``: an image whose aspect ratio reaches ``pan_and_scan_min_ratio_to_activate``
+  is also cut into 2 to ``pan_and_scan_max_num_crops`` crops along its long side, none smaller than
+  ``pan_and_scan_min_crop_size``; the whole image and then its crops each go through the steps below (as
+  Gemma3ImageProcessor reads the file; Gemma3Processor instead ignores the file's pan-and-scan settings and takes its
+  own, off unless its caller turns it on);
 - ``do_resize``: Pillow's resize of the uint8 image with the ``resample`` filter, to the size ``size`` gives (height
   and width; the shortest edge, with or without the longest; or the largest that fits ``max_height`` x ``max_width``);
 - ``do_center_crop``: the centre ``crop_size``, padded with zeros where the image is smaller;
@@ -231,6 +236,46 @@ def _with_aspect_ratio(height: int, width: int, size: int, max_size: int) -> tup
 
 
 @attrs.frozen(kw_only=True)
+class PanAndScan:
+    """Gemma3ImageProcessor's pan-and-scan settings."""
+
+    min_crop_size: int
+    max_num_crops: int
+    min_ratio_to_activate: float
+
+    def crops(self, height: int, width: int) -> list[tuple[int, int, int, int]]:
+        """The crops (top, left, bottom, right) of an image of ``height`` x ``width``, as transformers' pan_and_scan
+        cuts them (its arithmetic kept); [] where it cuts none."""
+        if width >= height:
+            if width / height < self.min_ratio_to_activate:
+                return []
+            across = min(math.floor(width / self.min_crop_size), math.floor(width / height + 0.5))
+            across, down = min(self.max_num_crops, max(2, across)), 1
+        else:
+            if height / width < self.min_ratio_to_activate:
+                return []
+            down = min(math.floor(height / self.min_crop_size), math.floor(height / width + 0.5))
+            across, down = 1, min(self.max_num_crops, max(2, down))
+        crop_width, crop_height = math.ceil(width / across), math.ceil(height / down)
+        if min(crop_width, crop_height) < self.min_crop_size:
+            return []
+        return [
+            (top, left, min(top + crop_height, height), min(left + crop_width, width))
+            for top in range(0, crop_height * down, crop_height)
+            for left in range(0, crop_width * across, crop_width)
+        ]
+
+
+#: Gemma3ImageProcessor's pan-and-scan settings, with what Gemma3Processor passes for them when a caller turns
+#: pan-and-scan on (for the refusal of a null one)
+_PAN_AND_SCAN = {
+    "pan_and_scan_min_crop_size": 256,
+    "pan_and_scan_max_num_crops": 4,
+    "pan_and_scan_min_ratio_to_activate": 1.2,
+}
+
+
+@attrs.frozen(kw_only=True)
 class ImagePreprocessor:
     """Images -> pixel values as ``processor`` (transformers' image processor class) makes them from the folder's
     preprocessor_config.json (see the module docstring). Each step is None where it does not run: ``square_pad``
@@ -252,6 +297,8 @@ class ImagePreprocessor:
     #: Qwen2-VL's patching, (patch_size, temporal_patch_size, merge_size): the vision encoder takes the image cut
     #: into patches (decoctl.model._qwen_vl.patchify); None for every other processor
     patching: tuple[int, int, int] | None = None
+    #: Gemma 3's pan-and-scan crops, None where off
+    pan_and_scan: PanAndScan | None = None
 
     @classmethod
     def from_folder(cls, folder: Path) -> ImagePreprocessor:
@@ -277,8 +324,8 @@ class ImagePreprocessor:
 
     def __call__(self, images: Sequence[Any]) -> np.ndarray:
         """float32[len(images), 3, height, width] from images (file paths, the files' bytes or PIL images) that all
-        come out the same size."""
-        pixels = self.each(images)
+        come out the same size; with pan-and-scan, each image's views one after another (transformers' order)."""
+        pixels = [view for p in self.each(images) for view in (p if p.ndim == 4 else p[None])]
         if len({p.shape for p in pixels}) > 1:
             shapes = ", ".join(f"{p.shape[2]}x{p.shape[1]}" for p in pixels)
             raise ConfigError(
@@ -288,9 +335,10 @@ class ImagePreprocessor:
         return np.stack(pixels) if pixels else np.zeros((0, 3, 0, 0), np.float32)
 
     def each(self, images: Sequence[Any], *, max_pixels: int = MAX_PIXELS) -> list[np.ndarray]:
-        """One float32[3, height, width] per image (file paths, the files' bytes or PIL images), in order.
-        ConfigError for an image of more than ``max_pixels`` pixels, as given (read from its header, before it is
-        decoded) or once resized."""
+        """One float32[3, height, width] per image (file paths, the files' bytes or PIL images), in order; with
+        pan-and-scan on, float32[views, 3, height, width] per image: the whole image, then its crops. ConfigError
+        for an image of more than ``max_pixels`` pixels, as given (read from its header, before it is decoded) or
+        once resized."""
         pixels = [self._one(_read(image, index, max_pixels), index, max_pixels) for index, image in enumerate(images)]
         if self.pad_to_largest and pixels:
             target = max(p.shape[1] for p in pixels), max(p.shape[2] for p in pixels)
@@ -308,6 +356,17 @@ class ImagePreprocessor:
             canvas = Image.new("RGB", (side, side), self.square_pad)
             canvas.paste(rgb, ((side - rgb.width) // 2, (side - rgb.height) // 2))
             rgb = canvas
+        if self.pan_and_scan is None:
+            return self._pixels(rgb, index, max_pixels)
+        whole = np.asarray(rgb)
+        crops = [
+            Image.fromarray(whole[top:bottom, left:right])
+            for top, left, bottom, right in self.pan_and_scan.crops(rgb.height, rgb.width)
+        ]
+        return np.stack([self._pixels(view, index, max_pixels) for view in [rgb, *crops]])
+
+    def _pixels(self, rgb: Any, index: int, max_pixels: int) -> np.ndarray:
+        """float32[3, height, width] from an RGB PIL image: resized, cropped, rescaled and normalized."""
         if self.resize is not None:
             height, width = self.resize.output(rgb.height, rgb.width)
             if height < 1 or width < 1:
@@ -444,12 +503,6 @@ class _Reader:
 
     def preprocessor(self) -> ImagePreprocessor:
         self._refuse_unknown()
-        if self._get("do_pan_and_scan"):
-            self._refuse(
-                "do_pan_and_scan",
-                "decoctl does not implement Gemma 3's pan-and-scan crops; set it to false (or null) to give each image "
-                "whole, resized",
-            )
         normalize, do_pad = self._flag("do_normalize"), self._flag("do_pad")
         square = do_pad and self.family.pad == "square"
         mean = self._triple("image_mean") if normalize else None
@@ -475,7 +528,26 @@ class _Reader:
             pad=pad,
             pad_to_largest=pad_to_largest,
             patching=self._patching(),
+            pan_and_scan=self._pan_and_scan() if "do_pan_and_scan" in self.family.own_keys else None,
         )
+
+    def _pan_and_scan(self) -> PanAndScan | None:
+        if not self._flag("do_pan_and_scan"):
+            return None
+        values = {}
+        for key, processors in _PAN_AND_SCAN.items():
+            value = self._get(key)
+            if value is None:
+                self._refuse(
+                    key,
+                    "do_pan_and_scan is true and Gemma3ImageProcessor has no value for this (it fails on it); give one "
+                    f"(Gemma3Processor passes {processors} when a caller turns pan-and-scan on)",
+                )
+            ratio = key == "pan_and_scan_min_ratio_to_activate"
+            if isinstance(value, bool) or not isinstance(value, (int, float) if ratio else int) or value <= 0:
+                self._refuse(key, "give a positive number" if ratio else "give a positive whole number")
+            values[key.removeprefix("pan_and_scan_")] = value
+        return PanAndScan(**values)
 
     def _patching(self) -> tuple[int, int, int] | None:
         if "patch_size" not in self.family.own_keys:

@@ -17,6 +17,7 @@ from decoctl.model import _kv_layout as kv_layout
 from decoctl.model import _pipeline as pipelines
 from decoctl.model._capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model._encoder_decoder import Encoder, read_encoder
+from decoctl.model._gemma3_vision import gemma3_images
 from decoctl.model._kv_cache import kv_dtype, kv_shape
 from decoctl.model._prefill import PrefillGraph, read_prefill
 from decoctl.model._qwen_vl import qwen_vision
@@ -366,9 +367,12 @@ def _vision_parts(
             f"{'three' if capabilities.position_axes == 3 else 'one'} position(s) a token: the type and the decoder "
             "do not belong together (M-RoPE decoders take int64[3, batch, sequence]); export them together"
         )
+    marks, blocks = gemma3_images(spec, capabilities) if family == "gemma3" else (None, None)
     log.debug("decoctl.vision_loaded", model=str(spec.path), family=family, table=embedder.table is not None)
     return VisionParts(
         qwen=qwen,
+        marks=marks,
+        blocks=blocks,
         vision=sessions["vision"],
         pixel_input=stages["vision"].host_inputs[0],
         feature_output=feature_output,

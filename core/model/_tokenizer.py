@@ -71,15 +71,17 @@ class Tokenizer:
             inner.get_vocab_size(with_added_tokens=False),
         )
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of a prompt with the special tokens the model's tokenizer adds, BOS first when the model
-        wants it; text that is not valid Unicode (bytes that were not UTF-8, kept as lone surrogates) raises
-        ConfigError."""
+        wants it (``add_special_tokens=False``: the text's own tokens only, as a rendered chat template is encoded);
+        text that is not valid Unicode (bytes that were not UTF-8, kept as lone surrogates) raises ConfigError."""
         try:
-            ids = self._inner.encode(text, add_special_tokens=True).ids
+            ids = self._inner.encode(text, add_special_tokens=add_special_tokens).ids
         except TypeError:
             require_utf8(text, "the prompt")  # tokenizers says only "TextInputSequence must be str"
             raise
+        if not add_special_tokens:
+            return ids
         if self._add_bos and self._bos_token_id is not None and (not ids or ids[0] != self._bos_token_id):
             ids.insert(0, self._bos_token_id)
         return ids

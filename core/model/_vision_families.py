@@ -15,6 +15,10 @@ __all__ = ["VISION_FAMILIES", "vision_family"]
 VISION_FAMILIES: Mapping[str, str] = {
     "llava": "a vision graph over fixed-size pixel values, one image token per feature row",
     "qwen2_5_vl": "dynamic resolution: merged patches, window attention indices and M-RoPE positions from the host",
+    "gemma3": (
+        "fixed-size pixel values (pan-and-scan crops as more views), image marks expanded in the prompt text and an "
+        "image's tokens attending to each other both ways"
+    ),
 }
 
 

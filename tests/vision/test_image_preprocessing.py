@@ -354,7 +354,10 @@ def test_a_file_that_is_not_an_image_is_refused_naming_it(tmp_path: Path) -> Non
         ({"size": {"shortest_edge": 8}}, "names no image_processor_type"),
         ({"image_processor_type": CLIP, "image_grid_pinpoints": [[336, 672]]}, "image_grid_pinpoints"),
         ({"image_processor_type": CLIP, "do_pan_and_scan": True}, "do_pan_and_scan"),
-        ({"image_processor_type": "Gemma3ImageProcessor", "do_pan_and_scan": True}, "do_pan_and_scan = true"),
+        (
+            {"image_processor_type": "Gemma3ImageProcessor", "do_pan_and_scan": True},
+            "pan_and_scan_min_crop_size = null: do_pan_and_scan is true",
+        ),
         ({"image_processor_type": CLIP, "size": {"longest_edge": 32}}, "size .* does not resize by longest_edge"),
         ({"image_processor_type": CLIP, "size": {"min_pixels": 9, "max_pixels": 99}}, "max_pixels and min_pixels"),
         ({"image_processor_type": CLIP, "size": {"shortest_edge": 0}}, "size .* positive whole numbers"),

@@ -95,6 +95,9 @@ def enable_tree(src: str | Path, dst: str | Path) -> Path:
     except Exception as exc:  # OSError, or protobuf's DecodeError for a file that is not ONNX
         raise ModelLoadError(f"onnx could not read {onnx_path} ({type(exc).__name__}: {exc})") from exc
 
+    if sized_by[0] not in {value.name for value in model.graph.input}:
+        # a vision-language decoder (exclude_embeds): its inputs_embeds name the batch and sequence dimensions
+        sized_by = (str(inputs.get("inputs_embeds", "inputs_embeds")), sized_by[1])
     wired = _wire_tree_inputs(onnx, model.graph, position_ids, sized_by, onnx_path)
     inputs[POSITION_IDS] = position_ids
 
@@ -207,14 +210,15 @@ def _compute_type(onnx: Any, graph: Any, node: Any) -> int:
 
 
 def _dims(graph_inputs: dict[str, Any], sized_by: tuple[str, str], onnx_path: Path) -> tuple[Any, Any, Any]:
-    """(batch, sequence, total) dimensions, named as the input_ids and attention_mask inputs name them."""
+    """(batch, sequence, total) dimensions, named as the input_ids (or inputs_embeds) and attention_mask inputs name
+    them."""
     missing = [name for name in sized_by if name not in graph_inputs]
     if missing:
         raise ModelLoadError(f"{onnx_path} has no {missing} input: it is not an onnxruntime-genai decoder")
     ids = graph_inputs[sized_by[0]].type.tensor_type.shape.dim
     mask = graph_inputs[sized_by[1]].type.tensor_type.shape.dim
-    if len(ids) != 2 or len(mask) != 2:
-        raise ModelLoadError(f"{onnx_path}: {list(sized_by)} must be [batch, length] inputs")
+    if len(ids) not in (2, 3) or len(mask) != 2:
+        raise ModelLoadError(f"{onnx_path}: {list(sized_by)} must be [batch, length] inputs ([batch, length, hidden])")
 
     def named(dim: Any, default: str) -> Any:
         return dim.dim_param or (dim.dim_value if dim.HasField("dim_value") else default)
