@@ -20,7 +20,6 @@ import numpy as np
 
 from decoctl.controllers import Controller, RowController, start_controller
 from decoctl.errors import (
-    CapabilityError,
     ConfigError,
     ControllerError,
     DecoctlError,
@@ -29,23 +28,21 @@ from decoctl.errors import (
 )
 from decoctl.generation._batch import BatchPrompt, BatchSlot, one_at_a_time, run_batch
 from decoctl.generation._chat_template import ChatPrompt, ChatTemplate, encode_expanded, encode_prompt
+from decoctl.generation._opening import check_choice, check_models, make_controller, open_host
 from decoctl.generation._results import GenerationResult, GenerationStats
-from decoctl.host import TREE_TRANSFORM_HINT, ForwardSizes, Host, Output, Rows, Sequence, StopRules, role_flag
+from decoctl.host import ForwardSizes, Host, Output, Rows, Sequence, role_flag
 from decoctl.importers._registry import role_defaults
 from decoctl.logs import get_logger
-from decoctl.model._capabilities import FEATURES
 from decoctl.model._loader import LoadedModel, load_model
 from decoctl.model._vision import ImageFeatures, no_images
 from decoctl.plugins import (
     PluginRegistry,
     Processors,
-    checked_controller,
-    parse_processor_chain,
     resolve_controller,
     resolve_model,
 )
 from decoctl.processing import ProcessorChain, processor_name
-from decoctl.specs import ControllerSpec, normalise_name, parse_options
+from decoctl.specs import ControllerSpec, normalise_name
 
 __all__ = ["Generator", "generate", "stream"]
 
@@ -64,22 +61,6 @@ SUPERSEDED = (
 )
 #: what next() on a generation's steps gives once it has ended
 _ENDED = object()
-
-#: how a model gains each capability a controller may require
-CAPABILITY_FIXES = {
-    "hidden_states": "export it with onnxruntime-genai's builder option include_hidden_states=1",
-    "aux_hidden_states": (
-        "export it with the builder options include_hidden_states=1 and aux_hidden_state_layers, or copy it with "
-        "`decoctl models enable-taps SRC DST`"
-    ),
-    "logits_all_positions": "re-export it with logits for every position",
-    "position_ids": "re-export it with a position_ids input",
-    "tree": TREE_TRANSFORM_HINT,
-    "features": (
-        f"give a draft head whose graph takes the target's features as its {FEATURES} input "
-        "(tools/export_eagle.py writes one)"
-    ),
-}
 
 
 @attrs.frozen(eq=False)
@@ -168,21 +149,9 @@ class Generator:
     ) -> None:
         self.registry = registry or PluginRegistry()
         self.spec: ControllerSpec = resolve_controller(controller, self.registry, options=options)
-        self.options = parse_options(f"controller {self.spec.name!r}", self.spec.options, options or {})
-        if self.spec.check_options is not None:
-            self.spec.check_options(self.options)
-        self.chain: ProcessorChain = parse_processor_chain(processors, self.registry)
-        sample_only = {id(p) for p in self.chain.sample_only}
-        if sample_only and not self.spec.sampling_processors:
-            names = ", ".join(
-                n for p, n in zip(self.chain.processors, self.chain.names, strict=True) if id(p) in sample_only
-            )
-            raise ConfigError(
-                f"controller {self.spec.name!r} ranks continuations by probability and draws none, but the logits "
-                f"chain holds sample-only processors ({names}), which shape a distribution to draw from "
-                "(transformers leaves them out of beam search, with a warning): remove them from the chain, or use "
-                "a sampling controller"
-            )
+        choice = check_choice(self.spec, options, processors, self.registry)
+        self.options = choice.options
+        self.chain: ProcessorChain = choice.chain
         self.processors_text = _shown_processors(processors, self.chain)
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk={prefill_chunk} must be at least 1 token (or None for one pass)")
@@ -237,23 +206,7 @@ class Generator:
         return loaded
 
     def _check_roles(self, loaded: Mapping[str, LoadedModel]) -> None:
-        target = loaded["target"]
-        for role, model in loaded.items():
-            if model.spec.vocab_size != target.spec.vocab_size:
-                raise ConfigError(
-                    f"role {role!r} (model {model.name}, vocabulary {model.spec.vocab_size}) and role 'target' "
-                    f"(model {target.name}, vocabulary {target.spec.vocab_size}) have different vocabularies: "
-                    "every role must share the target's tokenizer"
-                )
-            _check_encoder_decoder(role, model, target)
-            needed = self.spec.active_capabilities(self.options).get(role, ())
-            lacking = [c for c in needed if c not in model.capabilities.names()]
-            if lacking:
-                fixes = "; ".join(CAPABILITY_FIXES.get(c, f"export the model with {c}") for c in lacking)
-                raise CapabilityError(
-                    f"controller {self.spec.name!r} needs {lacking} on role {role!r}, which model {model.name} "
-                    f"lacks (it has {list(model.capabilities.names())}): {fixes}"
-                )
+        check_models(self.spec, self.options, loaded)
 
     def _decoder_prompt(self, source: np.ndarray) -> np.ndarray:
         """An encoder-decoder target's decoder prompt (its start token), once ``source`` fits every role's encoder."""
@@ -560,36 +513,21 @@ class Generator:
         ``sequences`` (with ``rows``: beams and parallel samples may start other completions) and a controller
         (``batched``: one that can step one row among many)."""
         started = time.perf_counter()
-        target = sequences["target"]
-        _check_fits(request, target.max_length, "the prompt")
-        model = self.models["target"]
-        rules = StopRules(
-            eos_token_ids=model.spec.eos_token_ids,
-            max_new_tokens=request.max_new_tokens,
-            stop_strings=request.stop,
-            capacity=target.max_length - len(request.ids),
-        )
-        detokenizer = model.tokenizer.detokenizer
-        output = Output(rules, detokenizer(), self._commit_hook(sink))
-        chain.reset(request.ids)
-        host = Host(
+        _check_fits(request, sequences["target"].max_length, "the prompt")
+        host, output = open_host(
+            self.models["target"],
             sequences,
-            output,
-            prompt=request.ids,
-            chain=chain,
+            request.ids,
+            max_new_tokens=request.max_new_tokens,
+            stop=request.stop,
             seed=request.seed,
+            chain=chain,
+            sink=self._commit_hook(sink),
             rows=rows,
-            new_output=(lambda: Output(rules, detokenizer(), None)) if rows is not None else None,
+            prefill_chunk=self.prefill_chunk,
+            source=request.source,
         )
-        host.prefill_chunk = self.prefill_chunk
-        if request.source is not None:
-            host.source_tokens = request.source
-        controller = self._make_controller()
-        if batched and not isinstance(controller, RowController):
-            raise ControllerError(
-                f"controller {self.spec.name!r} says it is batched (ControllerSpec.batched) but has no "
-                "next_token(host) method: add one, or leave batched off"
-            )
+        controller = make_controller(self.spec, self.options, batched=batched)
         return _Run(request, host, output, controller, started)
 
     def _commit_hook(self, sink: Callable[[list[int], str], None] | None) -> Callable[[list[int], str], None] | None:
@@ -682,15 +620,6 @@ class Generator:
                 f"controller {self.spec.name!r} made a step that committed no token to any of its "
                 f"{host.outputs} completions and did not finish them: every step must commit at least one token"
             )
-
-    def _make_controller(self) -> Controller:
-        if self.spec.factory is None:
-            from decoctl import abi  # the compiled bridge is only needed for shared-library controllers
-
-            controller: Controller = abi.library_factory(self.spec)(dict(self.options))
-            return controller
-        built = self.spec.factory(dict(self.options))
-        return cast(Controller, checked_controller(built, repr(self.spec.name)))
 
     def _stats(self, run: _Run) -> GenerationStats:
         now = time.perf_counter()
@@ -810,28 +739,6 @@ def _shown_processors(processors: Processors, chain: ProcessorChain) -> str | li
         else:
             shown.append(processor_name(entry))
     return shown
-
-
-def _check_encoder_decoder(role: str, model: LoadedModel, target: LoadedModel) -> None:
-    """A role beside an encoder-decoder target reads the same source and continues the same decoder prompt: it must
-    be an encoder-decoder model starting from the target's decoder start token (and a decoder-only target takes
-    decoder-only roles)."""
-    if (model.encoder is None) != (target.encoder is None):
-        kind = {True: "a decoder-only model", False: "an encoder-decoder model"}
-        raise ConfigError(
-            f"role {role!r} (model {model.name}) is {kind[model.encoder is None]} but the target ({target.name}) is "
-            f"{kind[target.encoder is None]}: every role must be the same kind, since a role reads what the target "
-            "reads (an encoder-decoder draft runs its own encoder on the same source); give a "
-            f"{'smaller encoder-decoder model' if target.encoder else 'decoder-only model'} for it"
-        )
-    if model.encoder is not None and target.encoder is not None:
-        start, target_start = model.encoder.parts.decoder_start_token_id, target.encoder.parts.decoder_start_token_id
-        if start != target_start:
-            raise ConfigError(
-                f"role {role!r} (model {model.name}) starts its decoder from token {start} but the target "
-                f"({target.name}) from {target_start}: the two decoders would continue different prompts; give a "
-                "model trained with the target's tokenizer and decoder_start_token_id (its config.json)"
-            )
 
 
 def _checked_request(max_new_tokens: int, stop: Any, seed: int | None) -> tuple[str, ...]:
