@@ -260,7 +260,7 @@ def create_app(
             )
         return value
 
-    def submit(
+    async def submit(
         body: CompletionRequest | ChatRequest,
         prompts: list[tuple[int, ...]],
         max_tokens: int | None,
@@ -273,12 +273,10 @@ def create_app(
             controller, options, tables = choice_for(body, engine.registry, vocab_size)
         except ConfigError as exc:
             raise _Refusal(400, str(exc)) from None
-        handles: list[Handle] = []
-        for number, ids in enumerate(prompts):
-            room = engine.max_length - len(ids)
-            request = EngineRequest(
+        requests = [
+            EngineRequest(
                 ids=ids,
-                max_new_tokens=max_tokens if max_tokens is not None else max(1, room),
+                max_new_tokens=max_tokens if max_tokens is not None else max(1, engine.max_length - len(ids)),
                 stop=body.stop_strings(),
                 seed=body.seed,
                 n=body.n,
@@ -288,16 +286,21 @@ def create_app(
                 logprobs=logprobs,
                 images=images,
             )
+            for ids in prompts
+        ]
+        try:
+            # a new choice's chain is built here (its JSON schema compiled): on a worker thread, never the event loop
+            plans = await anyio.to_thread.run_sync(lambda: [engine.check(r) for r in requests], limiter=text_work)
+        except ConfigError as exc:
+            raise _Refusal(400, str(exc)) from None
+        handles: list[Handle] = []
+        for number, (request, plan) in enumerate(zip(requests, plans, strict=True)):
 
             def on_event(event: Any, number: int = number) -> None:
                 loop.call_soon_threadsafe(events.put_nowait, (number, event))
 
             try:
-                handles.append(engine.submit(request, on_event))
-            except ConfigError as exc:
-                for handle in handles:
-                    handle.cancel()
-                raise _Refusal(400, str(exc)) from None
+                handles.append(engine.submit(request, on_event, plan=plan))
             except QueueFullError as exc:
                 for handle in handles:
                     handle.cancel()
@@ -309,7 +312,7 @@ def create_app(
                     handle.cancel()
                 raise _Refusal(503, str(exc), "server_error") from None
             # the installed controller's name, never the request's spelling of it: labels stay a bounded set
-            metrics.prompt_tokens.labels(handles[-1].plan.spec.name).inc(len(ids))
+            metrics.prompt_tokens.labels(handles[-1].plan.spec.name).inc(len(request.ids))
         return _Submitted(
             handles=handles,
             events=events,
@@ -404,7 +407,7 @@ def create_app(
         chat: bool,
         images: ImageFeatures | None = None,
     ) -> Response:
-        submitted = submit(body, prompts, max_tokens, logprobs, images)
+        submitted = await submit(body, prompts, max_tokens, logprobs, images)
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
