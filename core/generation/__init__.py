@@ -4,7 +4,8 @@
 (a chat template renders the messages) and batched prompts (several prompts' rows stepped in one Run, refilled as
 prompts finish). ``generate``/``stream`` are its one-shot forms.
 
-Private modules: ``_generator`` (the Generator), ``_results`` (what a generation gives back), ``_batch``
+Private modules: ``_generator`` (the Generator), ``_opening`` (a choice checked and a request opened into its host
+and controller, for the Generator and the server's engine), ``_results`` (what a generation gives back), ``_batch``
 (batched prompts and prompt files), ``_chat_template`` (chat templates in jinja2's sandbox).
 """
 

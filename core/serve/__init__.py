@@ -4,7 +4,10 @@
 a row of the target's KV buffer. A request is queued as an ``EngineRequest`` and read through its ``Handle`` as
 ``Delta`` events until ``Finished`` (or ``Failed``).
 
-Private modules: ``_engine`` (the engine), ``_protocol`` (OpenAI's request shapes, validated at the edge; its error
+Private modules: ``_engine`` (the engine: its queue, thread and events; each step ``_scheduler`` plans, pure policy,
+and ``_executor`` runs the plan on the models), ``_requests`` (a request, its checked plan, handle and events),
+``_states`` (a request's states and their moves), ``_plans`` (requests checked into plans, their chains built once),
+``_completion`` (one completion on its row), ``_protocol`` (OpenAI's request shapes, validated at the edge; its error
 shape), ``_translate`` (OpenAI's sampling fields as a controller, options and a logits chain), ``_app`` (the app:
 endpoints, server-sent events, API key, errors), ``_metrics`` (the Prometheus metrics, a registry of the app's own),
 ``_join_rule`` (the engine's cost rule), ``_command`` (``decoctl serve`` and ``decoctl chat``), ``_server`` (the
