@@ -37,4 +37,5 @@ PUBLIC_MODULES = (
     # for the tests of decoctl and of plugins (the decoctl[testing] extra)
     "decoctl.testing",
     "decoctl.testing.vlm",
+    "decoctl.testing.vlm_qwen",
 )

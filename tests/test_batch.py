@@ -76,7 +76,11 @@ def test_batched_prompts_step_their_rows_in_one_run(
     prompts = ["def f(x):", "import os", "y"]
     steps: list[int] = []
     run = BatchStep.run
-    monkeypatch.setattr(BatchStep, "run", lambda self, t, lengths: steps.append(len(t)) or run(self, t, lengths))
+    monkeypatch.setattr(
+        BatchStep,
+        "run",
+        lambda self, t, lengths, positions=None: steps.append(len(t)) or run(self, t, lengths, positions),
+    )
 
     generator.generate_batch(prompts, batch_size=3, max_new_tokens=5)
 

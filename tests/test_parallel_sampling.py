@@ -108,7 +108,11 @@ def test_the_samples_share_one_prefill_and_step_together(
     monkeypatch.setattr(Runner, "run", lambda self, ids, *a, **k: fed.append(len(ids)) or run(self, ids, *a, **k))
     monkeypatch.setattr(Runner, "step", lambda self, token: pytest.fail("a row stepped alone"))
     monkeypatch.setattr(
-        BatchStep, "run", lambda self, tokens, lengths: steps.append(len(tokens)) or step(self, tokens, lengths)
+        BatchStep,
+        "run",
+        lambda self, tokens, lengths, positions=None: (
+            steps.append(len(tokens)) or step(self, tokens, lengths, positions)
+        ),
     )
 
     result = generator.generate(PROMPT, max_new_tokens=6)

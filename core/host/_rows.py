@@ -256,8 +256,8 @@ class Rows:
         positions = None
         if self.model.capabilities.position_axes != 1:  # M-RoPE: a row's position is its length plus its delta
             positions = lengths.copy()
-            for r, sequence in zip(ids, sequences, strict=True):
-                positions[r] = sequence.runner.next_position()
+            for index, sequence in zip(ids, sequences, strict=True):
+                positions[index] = sequence.runner.next_position()
         outputs = self._step.run(every, lengths, positions)
         self._kv.after_step(span, stepped)
         seconds = time.perf_counter() - begin

@@ -33,9 +33,12 @@ TEMPORAL = 2
 WINDOW = 56
 """The vision window: 56 pixels, 2 x 2 merged patches, so that larger images span several windows."""
 MIN_PIXELS = 28 * 28 * 2
+"""Qwen2VLImageProcessor's lower bound: an image is resized to at least 2 merged patches (image tokens)."""
 MAX_PIXELS = 28 * 28 * 20
-"""Qwen2VLImageProcessor's bounds: an image is resized to between 2 and 20 merged patches (image tokens)."""
-VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
+"""Qwen2VLImageProcessor's upper bound: an image is resized to at most 20 merged patches (image tokens)."""
+VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
+"""The image token: decoctl expands each to as many as its image has merged patches."""
 IMAGE_MARK = f"{VISION_START}{IMAGE_PAD}{VISION_END}"
 """What a prompt holds where an image goes; decoctl expands the image pad to the image's merged patches."""
 MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -76,7 +79,11 @@ def build_qwen_vl(root: Path) -> QwenVL:
     tokenizer_dir.mkdir(exist_ok=True)
     tokenizer = Tokenizer.from_file(str(build_tokenizer(tokenizer_dir / "bpe")))
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in IMAGE_MARK_TOKENS])
-    ids = {t: tokenizer.token_to_id(t) for t in IMAGE_MARK_TOKENS}
+    ids: dict[str, int] = {}
+    for token in IMAGE_MARK_TOKENS:
+        found = tokenizer.token_to_id(token)
+        assert found is not None  # added just above
+        ids[token] = int(found)
     vocab = tokenizer.get_vocab_size()
     text = {
         "vocab_size": vocab,
@@ -112,9 +119,6 @@ def build_qwen_vl(root: Path) -> QwenVL:
         vision_start_token_id=ids[VISION_START],
         vision_end_token_id=ids[VISION_END],
         video_token_id=ids[VISION_END],  # no videos; the id must be a token
-        bos_token_id=BOS_TOKEN_ID,
-        eos_token_id=EOS_TOKEN_ID,
-        pad_token_id=PAD_TOKEN_ID,
         tie_word_embeddings=False,
     )
     torch.manual_seed(11)
