@@ -138,7 +138,7 @@ class StepPlan:
     decode: tuple[int, ...] = ()
     #: the speculating rows the join rule placed this step
     placed: tuple[int, ...] = ()
-    #: the step's budget of prompt work in seconds (None: prompts whole), for the record
+    #: the step's budget of prompt work in seconds (None: prompts whole, or no prompt to feed), for the record
     budget: float | None = None
 
 
@@ -180,8 +180,9 @@ class Scheduler:
                 final={r.key for r in speculating if not r.resumable},
                 fresh={r.key for r in speculating if not r.placed},
             )
-        budget = self.costs.prefill_budget(max(span, 1), self.max_rows) if decoding else None
-        chunks, starting = self._chunks([r for r in live if r.state is _S.PREFILLING], budget)
+        prefilling = [r for r in live if r.state is _S.PREFILLING]
+        budget = self.costs.prefill_budget(max(span, 1), self.max_rows) if decoding and prefilling else None
+        chunks, starting = self._chunks(prefilling, budget)
         decode: list[int] = []
         draft: list[int] = []
         join: list[int] = []
