@@ -58,14 +58,6 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return ids
 
 
-def encode_expanded(tokenizer: Any, prompt: str, text: str) -> list[int]:
-    """``prompt`` with its text replaced by ``text`` (its image marks expanded), encoded as encode_prompt encodes it:
-    a ChatPrompt's text without adding the special tokens its template wrote."""
-    if isinstance(prompt, ChatPrompt):
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    return list(tokenizer.encode(text))
-
-
 def _jinja() -> Any:
     try:
         import jinja2

@@ -27,7 +27,7 @@ from decoctl.errors import (
     GeneratorInUseError,
 )
 from decoctl.generation._batch import BatchPrompt, BatchSlot, one_at_a_time, run_batch
-from decoctl.generation._chat_template import ChatPrompt, ChatTemplate, encode_expanded, encode_prompt
+from decoctl.generation._chat_template import ChatPrompt, ChatTemplate, encode_prompt
 from decoctl.generation._opening import check_choice, check_models, make_controller, open_host
 from decoctl.generation._results import GenerationResult, GenerationStats
 from decoctl.host import ForwardSizes, Host, Output, Rows, Sequence, role_flag
@@ -470,12 +470,11 @@ class Generator:
         features = None
         if target.vision is not None:
             features = target.vision.encode(list(images))
-            marks = target.vision.marks
-            if marks is not None:  # Gemma 3: the marks expand in the text, as its processor expands them
-                text = marks.expand(prompt, features.per_image)
-                ids = np.asarray(encode_expanded(target.tokenizer, prompt, text), np.int64)
-            else:
-                ids = np.asarray(target.vision.expand(ids.tolist(), features), np.int64)
+            chat = isinstance(prompt, ChatPrompt)  # its ids were encoded without adding special tokens
+            expanded = target.vision.prompt_ids(
+                target.tokenizer, prompt, ids.tolist(), features, add_special_tokens=not chat
+            )
+            ids = np.asarray(expanded, np.int64)
         elif images:
             raise no_images(target.name)
         return _Request(

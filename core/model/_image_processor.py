@@ -534,7 +534,7 @@ class _Reader:
     def _pan_and_scan(self) -> PanAndScan | None:
         if not self._flag("do_pan_and_scan"):
             return None
-        values = {}
+        values: dict[str, Any] = {}
         for key, processors in _PAN_AND_SCAN.items():
             value = self._get(key)
             if value is None:

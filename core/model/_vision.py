@@ -199,14 +199,27 @@ class VisionParts:
             parts.append(np.asarray(out, np.float32).reshape(-1, out.shape[-1]))
         return ImageFeatures(rows=np.concatenate(parts), per_image=tuple(len(p) for p in parts), grids=tuple(grids))
 
+    def prompt_ids(
+        self, tokenizer: Any, text: str, ids: Sequence[int], features: ImageFeatures, *, add_special_tokens: bool
+    ) -> list[int]:
+        """The prompt's token ids with each image's place expanded for its features: in the text, encoded again
+        (``add_special_tokens`` as the prompt's ``ids`` were encoded), where the family's marks expand in the text
+        (Gemma 3: ``marks``); in the ids otherwise (expand). ConfigError where the marks and images differ in number."""
+        if self.marks is None:
+            return self.expand(ids, features)
+        expanded: list[int] = tokenizer.encode(
+            self.marks.expand(text, features.per_image), add_special_tokens=add_special_tokens
+        )
+        return expanded
+
     def expand(self, ids: Sequence[int], features: ImageFeatures) -> list[int]:
         """The prompt's token ids with each image token expanded to its image's rows of image tokens (a prompt
         holds one image token per image, where the image goes). Raises ConfigError where the counts differ, and
-        CapabilityError for a family whose marks expand in the text (``marks``: expand_text)."""
+        CapabilityError for a family whose marks expand in the text (``marks``: prompt_ids expands them)."""
         if self.marks is not None:
             raise CapabilityError(
-                f"this model's image marks ({self.marks.boi}) expand in the prompt's text, before it is tokenized: "
-                "give the prompt as text (decoctl.generate or a Generator), not as token ids"
+                f"this model's image marks ({self.marks.boi}) expand in the prompt's text, before it is tokenized, "
+                "as its processor expands them: expand them with prompt_ids(), which takes the text"
             )
         marks = [i for i, token in enumerate(ids) if token == self.image_token]
         if len(marks) != len(features.per_image):

@@ -578,7 +578,9 @@ def create_app(
             pictures = [_image_bytes(url) for url in urls]
             # once per image, beside the engine thread's decoder
             features = vision.encode(pictures, max_pixels=max_image_pixels)
-            return vision.expand(list(prompt.ids), features), features
+            # the chat's ids were encoded without adding special tokens; Gemma 3 expands its marks in the text
+            ids = vision.prompt_ids(tokenizer, prompt, list(prompt.ids), features, add_special_tokens=False)
+            return ids, features
 
         try:
             ids, features = await anyio.to_thread.run_sync(encode, limiter=image_work)

@@ -69,7 +69,9 @@ def build_gemma3(root: Path) -> Gemma3:
     root.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer.from_file(str(build_tokenizer(root / "tokenizer" / "bpe")))
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (BOI, SOFT, EOI)])
-    boi, soft, eoi = (int(tokenizer.token_to_id(t)) for t in (BOI, SOFT, EOI))
+    found = [tokenizer.token_to_id(t) for t in (BOI, SOFT, EOI)]
+    assert None not in found  # added just above
+    boi, soft, eoi = (int(i) for i in found if i is not None)
     vision = SiglipVisionConfig(
         hidden_size=32,
         intermediate_size=64,

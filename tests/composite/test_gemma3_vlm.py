@@ -163,10 +163,10 @@ def test_the_image_marks_expand_as_gemma3_processor_expands_them(
 
     images = [pictures[(90, 50)], pictures[(30, 41)]]
     model = load_model(panned if pan_and_scan else gemma3.onnx, threads=1)
-    assert model.vision is not None and model.vision.marks is not None
+    assert model.vision is not None
 
     features = model.vision.encode(images)
-    ids = model.tokenizer.encode(model.vision.marks.expand(TWO, features.per_image))
+    ids = model.vision.prompt_ids(model.tokenizer, TWO, model.tokenizer.encode(TWO), features, add_special_tokens=True)
 
     inputs = processed(gemma3, TWO, images, pan_and_scan=pan_and_scan)
     assert ids == inputs["input_ids"][0].tolist()
