@@ -38,4 +38,5 @@ PUBLIC_MODULES = (
     "decoctl.testing",
     "decoctl.testing.vlm",
     "decoctl.testing.vlm_qwen",
+    "decoctl.testing.vlm_gemma3",
 )
