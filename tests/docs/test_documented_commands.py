@@ -233,6 +233,7 @@ PLAIN = (
     'print(plain_twin("plugins/models/decoctl_models/pycode"))\' | tail -n 1)'
 )
 TINY_LLAVA = "python -m decoctl.testing.vlm build/tiny-llava"
+TINY_QWEN_VL = "python -m decoctl.testing.vlm_qwen build/tiny-qwen-vl"
 T5_SMALL = "optimum-cli export onnx --model google-t5/t5-small --task text2text-generation-with-past build/t5-small"
 BENCH_MODELS = ".venv-tools/bin/python tools/make_random_llama.py small 100m --out build/bench-models"
 CORPUS = ".venv/bin/python tools/corpus.py --out build/corpus"
@@ -293,6 +294,11 @@ RUN: dict[str, Run] = {
         "decoctl generate -m build/tiny-llava/onnx --image docs/bench-host-small.png "
         '"<image> USER: what is in the picture? ASSISTANT:" -n 16'
     ): Run(after=(TINY_LLAVA,), fresh=("build/tiny-llava",), needs=(TORCH,)),
+    TINY_QWEN_VL: Run(fresh=("build/tiny-qwen-vl",), needs=(TORCH,)),
+    (
+        "decoctl generate -m build/tiny-qwen-vl/onnx --image docs/bench-host-small.png "
+        '"<|vision_start|><|image_pad|><|vision_end|>USER: what is in the picture? ASSISTANT:" -n 16'
+    ): Run(after=(TINY_QWEN_VL,), fresh=("build/tiny-qwen-vl",), needs=(TORCH,)),
     BENCH_DIR: Run(),
     PLAIN: Run(),
     TUNING_PROMPTS: Run(),
