@@ -14,6 +14,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import contextvars
 import hmac
 import importlib.resources
 import json
@@ -96,6 +97,10 @@ class _Stalled(Exception):
     """A streaming client took none of its stream for the send timeout."""
 
 
+#: set in the task of a stream given up on because its client stopped reading (decoctl.serve._server reads it)
+STREAM_STALLED: contextvars.ContextVar[bool] = contextvars.ContextVar("decoctl_stream_stalled", default=False)
+
+
 class _TimedStream(StreamingResponse):
     """A stream whose every send waits at most ``seconds`` for the client; past it ``stalled()`` runs (the request
     is cancelled) and the connection is closed without the rest."""
@@ -117,6 +122,7 @@ class _TimedStream(StreamingResponse):
             await super().__call__(scope, receive, timed)
         except _Stalled:
             log.warning("decoctl.serve.client_stalled", seconds=self._seconds)
+            STREAM_STALLED.set(True)  # the response stays incomplete on purpose: decoctl's Server says nothing more
             self._stalled()
 
 
@@ -337,6 +343,8 @@ def create_app(
                 number, event = await submitted.events.get()
                 if isinstance(event, Failed):
                     submitted.cancel()
+                    if event.invalid:
+                        raise _Refusal(400, event.message)
                     raise _Refusal(503 if event.unavailable else 500, event.message, "server_error")
                 index = number * n + event.index
                 if isinstance(event, Delta) and first and event.tokens:
@@ -419,13 +427,18 @@ def create_app(
                 stalled=submitted.cancel,
             )
         choices = [_Choice() for _ in range(submitted.choices)]
-        async for index, event in events_of(submitted, request):
-            if isinstance(event, Delta):
-                choices[index].text.append(event.text)
-                if event.logprobs:
-                    choices[index].logprobs.extend(event.logprobs)
-            else:
-                choices[index].finished = event
+        try:
+            async for index, event in events_of(submitted, request):
+                if isinstance(event, Delta):
+                    choices[index].text.append(event.text)
+                    if event.logprobs:
+                        choices[index].logprobs.extend(event.logprobs)
+                else:
+                    choices[index].finished = event
+        except _Refusal as refusal:
+            # nothing is lost: the text each choice had generated before the failure comes with the error
+            refusal.body["decoctl"] = {"generated": ["".join(choice.text) for choice in choices]}
+            raise
         finished = [c.finished for c in choices if c.finished is not None]
         common = {
             "id": ident,

@@ -20,6 +20,7 @@ is cancelled after its ``send_seconds`` (decoctl.serve._app).
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import socket
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from decoctl.serve._app import STREAM_STALLED
 from decoctl.serve._command import DRAIN_SECONDS
 from decoctl.serve._engine import Engine
 
@@ -39,8 +41,16 @@ HEAD_SECONDS = 10.0
 HEAD_BYTES = 64 << 10
 #: how long an idle keep-alive connection stays open
 KEEP_ALIVE_SECONDS = 5
+#: what uvicorn logs when an app returns before its response is complete
+INCOMPLETE_RESPONSE = "ASGI callable returned without completing response."
 #: connections and requests at once; more are answered 503 (1,000 idle clients fit)
 CONNECTIONS = 2048
+
+
+def _not_a_stall(record: logging.LogRecord) -> bool:
+    """A filter for uvicorn's error logger: its error for a response left incomplete goes where decoctl's app left
+    it so on purpose (a stream whose client stopped reading: the app logged ``decoctl.serve.client_stalled``)."""
+    return not (record.msg == INCOMPLETE_RESPONSE and STREAM_STALLED.get())
 
 
 class _Protocol(H11Protocol):
@@ -100,6 +110,9 @@ class Server(uvicorn.Server):
         }
         settings.update(config)
         super().__init__(uvicorn.Config(app, **settings))
+        errors = logging.getLogger("uvicorn.error")
+        if _not_a_stall not in errors.filters:
+            errors.addFilter(_not_a_stall)
         self.engine = engine
         self.drain_seconds = drain_seconds
         engine.on_failure(self._engine_failed)

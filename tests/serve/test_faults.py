@@ -17,23 +17,23 @@ from typing import Any
 import numpy as np
 import pytest
 
-from decoctl import ProcessorSpec, hookimpl, load_model
+from decoctl import Generator, ProcessorSpec, hookimpl, load_model
 
 from .conftest import API_KEY, MODEL, GatedPlugin, openai, plugin_registry, start_server, wait_until
 from .test_refusals import post
 
 
 class Failing:
-    """A logits processor that passes the logits through twice and raises on its third call."""
+    """A logits processor that passes the logits through and raises on its ``at``-th call (the third)."""
 
     stateless = True
 
-    def __init__(self) -> None:
-        self.calls = 0
+    def __init__(self, at: int = 3) -> None:
+        self.calls, self.at = 0, at
 
     def __call__(self, rows: np.ndarray, context: object) -> np.ndarray:
         self.calls += 1
-        if self.calls == 3:
+        if self.calls == self.at:
             raise ZeroDivisionError("the processor's bug")
         return rows
 
@@ -41,7 +41,10 @@ class Failing:
 class FailingPlugin:
     @hookimpl
     def decoctl_logits_processors(self) -> list[ProcessorSpec]:
-        return [ProcessorSpec(name="failing", summary="raises on its third call", factory=lambda o: Failing())]
+        return [
+            ProcessorSpec(name="failing", summary="raises on its third call", factory=lambda o: Failing()),
+            ProcessorSpec(name="failing_late", summary="raises on its 20th call", factory=lambda o: Failing(20)),
+        ]
 
 
 @pytest.fixture
@@ -82,6 +85,24 @@ def test_a_processor_raising_mid_stream_fails_only_its_request(served: tuple[str
     status, health, _ = get(url + "/health")
     assert status == 200 and health["status"] == "ok" and health["rows"] == 0
     assert server.engine.running
+
+
+def test_a_failed_request_returns_the_text_it_generated_before_the_failure(
+    served: tuple[str, Any, Any, GatedPlugin], tiny_model: Path
+) -> None:
+    url, _, _, _ = served
+    body = {
+        "model": MODEL,
+        "prompt": "import os",
+        "max_tokens": 40,
+        "temperature": 0,
+        "decoctl": {"processors": "failing_late"},
+    }
+    status, answer, _ = post(url + "/v1/completions", body)
+    assert status == 500 and "ZeroDivisionError: the processor's bug" in answer["error"]["message"]
+    (generated,) = answer["decoctl"]["generated"]
+    offline = Generator({"target": str(tiny_model)}, "greedy").generate("import os", max_new_tokens=40).text
+    assert generated and offline.startswith(generated)  # the tokens before the 20th processor call
 
 
 def get(url: str) -> tuple[int, dict[str, Any], Any]:
