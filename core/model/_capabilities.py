@@ -69,7 +69,9 @@ class Capabilities:
 
     @property
     def tree(self) -> bool:
-        return self.position_ids is not None and self.attention_bias is not None
+        # M-RoPE positions are decoctl's own to compute (decoctl.model._qwen_vl): a caller's tree positions have no
+        # place in them
+        return self.position_ids is not None and self.attention_bias is not None and self.position_axes == 1
 
     def names(self) -> tuple[str, ...]:
         """The capability names a controller can require (see ControllerSpec.capabilities)."""
@@ -77,7 +79,7 @@ class Capabilities:
             "logits_all_positions": self.logits_all_positions,
             "hidden_states": self.hidden_states is not None,
             "aux_hidden_states": self.aux_hidden_states is not None,
-            "position_ids": self.position_ids is not None,
+            "position_ids": self.position_ids is not None and self.position_axes == 1,
             "tree": self.tree,
             "features": self.feature_input is not None,
         }

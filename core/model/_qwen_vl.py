@@ -250,6 +250,14 @@ class MRopePositions:
         self._attach(grids)
         held = int(self._first[-1])
         cursor = int(self._cursor[past])
+        n = len(tokens)
+        if images_before >= held or (self._locate(images_before)[1] == 0 and not (tokens == self.image_token).any()):
+            # text only (every decode step): consecutive positions from the cursor
+            after = cursor + np.arange(1, n + 1)
+            out[:] = after - 1
+            self._cursor[past + 1 : past + n + 1] = after
+            self._image[past : past + n] = False
+            return
         image_rows = images_before
         for i, token in enumerate(tokens.tolist()):
             index = past + i
