@@ -14,8 +14,10 @@ every copy. So after copies 0..L, L the decoder's layers, the cached rows and th
 the bidirectional forward: L + 1 forwards of N tokens for a block, a prompt's text forwards as it would.
 
 It needs the decoder's ``position_ids`` and ``attention_bias`` inputs (``decoctl models enable-tree`` adds them to
-a builder export) and an image's tokens in one forward: a forward that ends on an image token that takes features is
-refused (the block may go on in the next), never fed as a causal part.
+a builder export). A forward that ends inside an image's tokens (a prompt chunk) feeds them causally for now; the
+next forward rewinds them and feeds the whole block, with its own tokens, as above. Nothing reads those rows in
+between: a prompt's chunks go in one after another, and only its last chunk's logits are read, which never ends on
+an image token (a forward asked for the logits of an image token whose image is not all in is refused).
 """
 
 from __future__ import annotations
@@ -39,19 +41,36 @@ class BidirectionalImages:
         self.layers = layers
         self.image_token = image_token
 
-    def spans(self, tokens: np.ndarray, pending: int, model: str) -> list[tuple[int, int, bool]]:
-        """The fed ``tokens`` (int64[n]) cut into (start, end, is_block) pieces, in order: the runs of image tokens
-        that take the ``pending`` feature rows are blocks. [] where no block is fed. CapabilityError where the
-        tokens end inside one."""
-        images = np.flatnonzero(tokens == self.image_token)[:pending]
+    def run(self, runner: Runner, tokens: np.ndarray, keep: int | None) -> RunOutputs | None:
+        """Feed ``tokens`` (int64[n]) after the runner's length where an image block is among them or open at the
+        end of its cache; the outputs of the rows the caller reads (``keep`` as Runner.run takes it), copied out
+        of the runner's buffers. None: no block, the runner feeds them as it does any."""
+        held = 0 if runner.images is None else len(runner.images.rows)
+        start = self._open_block(runner, held)
+        if start is not None:  # the block the last forward ended in goes in again, whole, with these tokens
+            reopened = np.concatenate([runner.fed_tokens(start, runner.length), tokens])
+            runner.truncate(start)
+            out = self._feed(runner, reopened, len(tokens) if keep is None else min(keep, len(tokens)), held)
+            return _outputs(out.logits, _tail(out.hidden, tokens), _tail(out.aux, tokens))
+        return self._feed(runner, tokens, keep, held) if self._pieces(runner, tokens, held) else None
+
+    def _open_block(self, runner: Runner, held: int) -> int | None:
+        """Where the image tokens at the end of the cache begin, where the last one took a feature (a block a
+        forward ended in, fed causally); None where the cache ends otherwise."""
+        end = runner.length
+        if end == 0 or runner.fed_tokens(end - 1, end)[0] != self.image_token or runner.feature_row(end) > held:
+            return None
+        start = end - 1
+        while start > 0 and runner.fed_tokens(start - 1, start)[0] == self.image_token:
+            start -= 1
+        return start
+
+    def _pieces(self, runner: Runner, tokens: np.ndarray, held: int) -> list[tuple[int, int, bool]]:
+        """``tokens`` cut into (start, end, is_block) pieces, in order: the runs of image tokens that take features
+        are blocks. [] where no image token takes one."""
+        images = np.flatnonzero(tokens == self.image_token)[: max(0, held - runner.feature_row(runner.length))]
         if not len(images):
             return []
-        if images[-1] == len(tokens) - 1:
-            raise CapabilityError(
-                f"model {model} attends bidirectionally among an image's tokens, so they go in one forward with the "
-                "token after them, but this forward of the prompt ends on an image token: feed the prompt whole (no "
-                "prefill_chunk, or one that keeps each image's tokens and the token after them together)"
-            )
         pieces: list[tuple[int, int, bool]] = []
         at = 0
         starts = images[np.r_[True, np.diff(images) > 1]]
@@ -61,30 +80,38 @@ class BidirectionalImages:
                 pieces.append((at, start, False))
             pieces.append((start, end, True))
             at = end
-        pieces.append((at, len(tokens), False))
+        if at < len(tokens):
+            pieces.append((at, len(tokens), False))
         return pieces
 
-    def run(
-        self, runner: Runner, tokens: np.ndarray, pieces: list[tuple[int, int, bool]], keep: int | None
-    ) -> RunOutputs:
-        """Feed ``tokens`` piece by piece; the outputs of the rows the caller reads (``keep`` as Runner.run takes
-        it), copied out of the runner's buffers."""
-        from decoctl.model._runner import RunOutputs
-
+    def _feed(self, runner: Runner, tokens: np.ndarray, keep: int | None, held: int) -> RunOutputs:
         n = len(tokens)
         tail = n if keep is None else min(keep, n)
         logits, hidden, aux = [], [], []
-        for start, end, block in pieces:
+        for start, end, block in self._pieces(runner, tokens, held):
             wanted = max(0, min(end - start, tail - (n - end))) if keep is not None else None
             piece = tokens[start:end]
-            out = self._block(runner, piece, wanted) if block else runner.run(piece, keep=wanted)
+            # positions given: the runner feeds the piece as it is (a block just fed ends the cache for now)
+            positions = np.arange(runner.length, runner.length + len(piece), dtype=np.int64)
+            if block and end == n:  # open: the rest of the image comes in the next forward
+                if wanted != 0:
+                    raise CapabilityError(
+                        f"model {runner.model.name} attends bidirectionally among an image's tokens, so no image "
+                        "token's logits exist before the whole image has gone in, and this forward asks for them: "
+                        "feed the image's tokens and the token after them first"
+                    )
+                out = runner.run(piece, positions=positions, keep=0)
+            elif block:
+                out = self._block(runner, piece, wanted)
+            else:
+                out = runner.run(piece, positions=positions, keep=wanted)
             rows = len(out.logits) if wanted is None else min(wanted, len(out.logits))
             logits.append(out.logits[len(out.logits) - rows :].copy())
             if out.hidden is not None:
                 hidden.append(out.hidden.copy())
             if out.aux is not None:
                 aux.append(out.aux.copy())
-        return RunOutputs(
+        return _outputs(
             np.concatenate(logits),
             np.concatenate(hidden) if hidden else None,
             np.concatenate(aux) if aux else None,
@@ -106,3 +133,13 @@ class BidirectionalImages:
             )
             runner.gather(np.arange(start + n, start + 2 * n, dtype=np.int64), start)
         return out
+
+
+def _tail(rows: np.ndarray | None, tokens: np.ndarray) -> np.ndarray | None:
+    return None if rows is None else rows[-len(tokens) :]
+
+
+def _outputs(logits: np.ndarray, hidden: np.ndarray | None, aux: np.ndarray | None) -> RunOutputs:
+    from decoctl.model._runner import RunOutputs
+
+    return RunOutputs(logits, hidden, aux)

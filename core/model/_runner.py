@@ -294,10 +294,10 @@ class Runner:
         total = past + n
         spec, caps = self._names, self._caps
         if self._blocks is not None and positions is None and bias is None and features is None:
-            held = 0 if self.images is None else len(self.images.rows)
-            pieces = self._blocks.spans(tokens, held - int(self._images_before[past]), self.model.name)
-            if pieces:  # image tokens that attend to each other both ways (decoctl.model._image_blocks)
-                return self._blocks.run(self, tokens, pieces, keep)
+            # image tokens that attend to each other both ways (decoctl.model._image_blocks)
+            fed = self._blocks.run(self, tokens, keep)
+            if fed is not None:
+                return fed
         if bias_positions is not None and self.kv.rings is not None:
             self.kv.rings.check_tree(n, self.model.name)
         if self._prefill is not None and n > 1 and positions is None and bias is None and features is None:
@@ -534,6 +534,10 @@ class Runner:
     def feature_row(self, slot: int) -> int:
         """The feature row the image token fed at cache slot ``slot`` takes (how many image tokens come before it)."""
         return int(self._images_before[slot])
+
+    def fed_tokens(self, start: int, end: int) -> np.ndarray:
+        """int64[end - start]: the tokens fed at cache slots start..end-1 (a vision-language decoder's)."""
+        return self._history[start:end].copy()
 
     def set_feature_row(self, slot: int, row: int) -> None:
         """Feed the next image token at ``slot`` feature row ``row`` (an image block fed again as a copy)."""

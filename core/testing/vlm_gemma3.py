@@ -117,7 +117,7 @@ def build_gemma3(root: Path) -> Gemma3:
     plain.mkdir(exist_ok=True)
     _export_decoder(model, text, tokenizer, root, plain)
     _export_vision(model, plain / "vision.onnx")
-    export_embedding(model, soft, plain / "embedding.onnx")
+    export_embedding(_FoldedScale(model), soft, plain / "embedding.onnx")
     _write_configs(plain, hf, soft)
     tokenizer.save(str(plain / "tokenizer.json"))
     onnx_dir = enable_tree(plain, root / "onnx")
@@ -179,6 +179,23 @@ def _export_decoder(model: Any, text: Any, tokenizer: Any, root: Path, out: Path
     names = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, **names).save_pretrained(text_dir)
     run_builder(text_dir, root, out)
+
+
+class _FoldedScale:
+    """The model as export_embedding reads it, its embedding table times Gemma's embed_scale: the graph is then one
+    Gather whose table decoctl looks decode steps up in (and a generated image token, which no image fills, takes its
+    row). float32 products, the same bits whether the scale comes before the lookup or after."""
+
+    def __init__(self, model: Any) -> None:
+        import torch
+
+        scaled = model.get_input_embeddings()
+        weight = scaled.weight.detach() * scaled.embed_scale.to(scaled.weight.dtype)
+        self.table = torch.nn.Embedding.from_pretrained(weight, freeze=True)
+        self.config = model.config
+
+    def get_input_embeddings(self) -> Any:
+        return self.table
 
 
 def _export_vision(model: Any, path: Path) -> None:

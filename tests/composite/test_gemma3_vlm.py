@@ -16,7 +16,7 @@ import pytest
 from gemma3_models import IMAGE_MARK, IMAGE_TOKENS, Gemma3
 
 import decoctl
-from decoctl import CapabilityError, GenerationError, Generator, ModelLoadError
+from decoctl import CapabilityError, Generator, ModelLoadError
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import EOS_TOKEN_ID, PAD_TOKEN_ID
 
@@ -174,14 +174,49 @@ def test_the_image_marks_expand_as_gemma3_processor_expands_them(
     assert features.per_image == (views * IMAGE_TOKENS, views * IMAGE_TOKENS)
 
 
-def test_a_prefill_chunk_that_ends_inside_an_image_is_refused(
+@pytest.mark.parametrize("chunk", [1, 3, 5])
+def test_a_prefill_chunked_through_the_images_tokens_gives_greedys_tokens(
+    gemma3: Gemma3, pictures: dict[tuple[int, int], Path], chunk: int
+) -> None:
+    """A chunk that ends inside an image's tokens leaves them for the next, which feeds the whole block again."""
+    images = [pictures[(30, 41)], pictures[(70, 12)]]
+    whole = Generator({"target": gemma3.onnx}, "greedy", threads=1)
+    chunked = Generator({"target": gemma3.onnx}, "greedy", threads=1, prefill_chunk=chunk)
+
+    expected = whole.generate(TWO, images=images, max_new_tokens=NEW)
+
+    assert chunked.generate(TWO, images=images, max_new_tokens=NEW).tokens == expected.tokens
+
+
+def test_an_image_tokens_logits_before_its_image_is_all_in_are_refused(
     gemma3: Gemma3, pictures: dict[tuple[int, int], Path]
 ) -> None:
-    generator = Generator({"target": gemma3.onnx}, "greedy", threads=1, prefill_chunk=3)
+    from decoctl.model import Runner
+    from decoctl.model._loader import load_model
 
-    with pytest.raises(GenerationError, match="attends bidirectionally among an image's tokens") as raised:
-        generator.generate(PROMPT, images=[pictures[(32, 32)]], max_new_tokens=2)
-    assert isinstance(raised.value.__cause__, CapabilityError)
+    model = load_model(gemma3.onnx, threads=1)
+    assert model.vision is not None
+    runner = Runner(model)
+    runner.images = model.vision.encode([pictures[(32, 32)]])
+    ids = [gemma3.boi_token] + [gemma3.image_token] * IMAGE_TOKENS
+
+    with pytest.raises(CapabilityError, match="no image token's logits exist before the whole image has gone in"):
+        runner.run(np.array(ids, np.int64), keep=1)
+
+
+def test_the_vision_encoder_runs_once_per_image_and_decode_steps_look_their_tokens_up(
+    gemma3: Gemma3, panned: Path, pictures: dict[tuple[int, int], Path]
+) -> None:
+    generator = Generator({"target": panned}, "greedy", threads=1)
+    vision = generator.models["target"].vision
+    assert vision is not None and vision.embedder.table is not None
+
+    generator.generate(PROMPT, images=[pictures[(90, 50)]], max_new_tokens=NEW)
+
+    assert vision.encoder_runs == 1  # the whole image and its two crops in one Run
+    # the embedding graph places each image block's features, in each of its 2 + 1 copies (a whole image and two
+    # crops: three blocks); every other forward, decode steps included, reads the table
+    assert vision.embedder.graph_runs == 3 * 3
 
 
 def test_an_export_without_position_ids_and_attention_bias_is_refused_at_load_naming_the_fix(gemma3: Gemma3) -> None:
