@@ -18,6 +18,7 @@ from qwen_vl_models import IMAGE_MARK, QwenVL
 
 import decoctl
 from decoctl import ConfigError, Generator, ModelLoadError
+from decoctl.host import Rows
 from decoctl.host import Sequence as Row
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import EOS_TOKEN_ID, PAD_TOKEN_ID
@@ -168,6 +169,38 @@ def test_a_rewind_and_a_multi_token_forward_give_the_steps_logits(qwen_vl: QwenV
     again = np.array(row.forward(tokens[1:]))
 
     np.testing.assert_allclose(again, np.stack(stepped[1:]), rtol=0, atol=1e-5)
+
+
+def test_a_batched_step_gives_rows_of_different_images_their_own_logits(qwen_vl: QwenVL, images: Path) -> None:
+    model = Generator({"target": qwen_vl.onnx}, "greedy", threads=1).models["target"]
+    vision = model.vision
+    assert vision is not None
+    tokenizer = Generator({"target": qwen_vl.onnx}, "greedy", threads=1).tokenizer
+    prompts = []
+    for pictures in ([picture(images, (200, 90))], [picture(images, (90, 200)), picture(images, (30, 41))]):
+        features = vision.encode(pictures)
+        prompts.append((features, vision.expand(tokenizer.encode(PROMPT if len(pictures) == 1 else TWO), features)))
+    rows = Rows("target", model, capacity=2, max_length=256)
+    rows[0].attach_images(prompts[0][0])
+    rows[0].forward(prompts[0][1])
+    other = rows.fork(0)
+    rows[other].rewind(0)
+    rows[other].attach_images(prompts[1][0])
+    rows[other].forward(prompts[1][1])
+    alone = []
+    for features, ids in prompts:
+        row = Row("target", model)
+        row.attach_images(features)
+        row.forward(ids)
+        alone.append(row)
+    steps = [[17, 42], [99, 5], [3, 3]]
+
+    for fed in steps:
+        logits = np.array(rows.step(fed))
+        for index, (token, row) in enumerate(zip(fed, alone, strict=True)):
+            np.testing.assert_allclose(logits[index], np.array(row.forward([token]))[-1], rtol=0, atol=1e-4)
+
+    assert rows[0].runner.next_position() - rows[0].length != rows[other].runner.next_position() - rows[other].length
 
 
 def test_beam_search_equals_transformers_beam_search(qwen_vl: QwenVL, images: Path) -> None:
