@@ -72,3 +72,35 @@ def test_an_image_url_part_gives_the_offline_generators_answer(gemma_live: Gemma
     expected = offline.generate(offline.chat_prompt(messages), images=[gemma_live.picture], max_new_tokens=12)
     assert answer.choices[0].message.content == expected.text
     assert expected.tokens  # an answer, not an empty string on both sides
+
+
+def test_two_images_at_once_each_give_their_offline_answer(gemma_live: GemmaLive) -> None:
+    """Two requests' rows prefill and decode beside each other in the engine's batched buffer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from PIL import Image
+
+    other = Path(gemma_live.folder).parent / "other.png"
+    Image.fromarray(np.random.default_rng(4).integers(0, 255, (20, 70, 3), dtype=np.uint8)).save(other)
+    pictures = [gemma_live.picture, other.read_bytes()]
+    client = openai.OpenAI(base_url=f"{gemma_live.url}/v1", api_key=API_KEY, max_retries=0)
+
+    def ask(picture: bytes) -> str:
+        url = "data:image/png;base64," + base64.b64encode(picture).decode()
+        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": " and this?"}]
+        answer = client.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": content}], temperature=0, max_tokens=12
+        )
+        return str(answer.choices[0].message.content)
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(ask, pictures))
+
+    offline = Generator({"target": gemma_live.folder}, "greedy", registry=plugin_registry(), threads=1)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " and this?"}]}]
+    expected = [
+        offline.generate(offline.chat_prompt(messages), images=[picture], max_new_tokens=12).text
+        for picture in pictures
+    ]
+    assert answers == expected
+    assert expected[0] != expected[1]
