@@ -234,6 +234,7 @@ PLAIN = (
 )
 TINY_LLAVA = "python -m decoctl.testing.vlm build/tiny-llava"
 TINY_QWEN_VL = "python -m decoctl.testing.vlm_qwen build/tiny-qwen-vl"
+TINY_GEMMA3 = "python -m decoctl.testing.vlm_gemma3 build/tiny-gemma3"
 T5_SMALL = "optimum-cli export onnx --model google-t5/t5-small --task text2text-generation-with-past build/t5-small"
 BENCH_MODELS = ".venv-tools/bin/python tools/make_random_llama.py small 100m --out build/bench-models"
 CORPUS = ".venv/bin/python tools/corpus.py --out build/corpus"
@@ -299,6 +300,11 @@ RUN: dict[str, Run] = {
         "decoctl generate -m build/tiny-qwen-vl/onnx --image docs/bench-host-small.png "
         '"<|vision_start|><|image_pad|><|vision_end|>USER: what is in the picture? ASSISTANT:" -n 16'
     ): Run(after=(TINY_QWEN_VL,), fresh=("build/tiny-qwen-vl",), needs=(TORCH,)),
+    TINY_GEMMA3: Run(fresh=("build/tiny-gemma3",), needs=(TORCH,)),
+    (
+        "decoctl generate -m build/tiny-gemma3/onnx --image docs/bench-host-small.png "
+        '"USER: what is in the picture? <start_of_image> ASSISTANT:" -n 16'
+    ): Run(after=(TINY_GEMMA3,), fresh=("build/tiny-gemma3",), needs=(TORCH,)),
     BENCH_DIR: Run(),
     PLAIN: Run(),
     TUNING_PROMPTS: Run(),
