@@ -118,6 +118,15 @@ def gemma3_images(spec: ModelSpec, capabilities: Capabilities) -> tuple[Gemma3Ma
         )
     assert spec.image_token_id is not None  # the loader checked it
     marks = Gemma3Marks.from_folder(spec.path)
+    # an image's block goes in as a tree does (its own bias and positions): ring layers take trees up to their slack
+    limit = min((r.kernel_window - r.window + 1 for r in capabilities.rings), default=None)
+    if limit is not None and limit < marks.image_seq_length:
+        raise ModelLoadError(
+            f"{spec.onnx_file}'s sliding-window layers keep ring caches whose slack lets an image block of at most "
+            f"{limit} tokens go in exactly, and an image is {marks.image_seq_length} tokens (processor_config.json's "
+            f"image_seq_length): load it with load_model(..., ring_slack={marks.image_seq_length}) or more, or "
+            "export it without the builder's windowed KV cache"
+        )
     return marks, BidirectionalImages(layers=spec.num_layers, image_token=spec.image_token_id)
 
 

@@ -222,3 +222,10 @@ def test_the_vision_encoder_runs_once_per_image_and_decode_steps_look_their_toke
 def test_an_export_without_position_ids_and_attention_bias_is_refused_at_load_naming_the_fix(gemma3: Gemma3) -> None:
     with pytest.raises(ModelLoadError, match=r"attends bidirectionally .*`decoctl models enable-tree"):
         decoctl.generate(PROMPT, model=gemma3.plain, threads=1)
+
+
+def test_ring_caches_whose_slack_is_smaller_than_an_image_are_refused_at_load_naming_ring_slack(gemma3: Gemma3) -> None:
+    from decoctl.model._loader import load_model
+
+    with pytest.raises(ModelLoadError, match=rf"an image is {IMAGE_TOKENS} tokens .* ring_slack={IMAGE_TOKENS}"):
+        load_model(gemma3.onnx, threads=1, ring_slack=IMAGE_TOKENS - 2)
