@@ -28,9 +28,9 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from decoctl.serve._app import STREAM_STALLED
 from decoctl.serve._command import DRAIN_SECONDS
 from decoctl.serve._engine import Engine
+from decoctl.serve._streams import STREAM_STALLED
 
 __all__ = ["Server"]
 #: how long past the drain uvicorn waits for the cut completions' last events to reach their clients

@@ -176,7 +176,7 @@ def test_logprobs_from_a_drafting_controller_are_refused_by_name(live: Live) -> 
 
 
 def test_a_body_over_the_limit_is_a_413(live: Live) -> None:
-    from decoctl.serve._app import MAX_BODY_BYTES
+    from decoctl.serve._edge import MAX_BODY_BYTES
 
     status, message = refused(live, completion(prompt="x" * (MAX_BODY_BYTES + 1)))
     assert status == 413 and "MiB" in message
