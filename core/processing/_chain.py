@@ -322,7 +322,7 @@ class ProcessorChain:
         if not self._steps:
             return rows
         out = self._run(self._steps, rows.astype(np.float32), context)  # a private copy: steps write in place
-        self._check_possible(out)
+        self._check_possible(out, context)
         return out
 
     def _run(self, steps: Sequence[Any], out: np.ndarray, context: ProcessContext) -> np.ndarray:
@@ -370,18 +370,26 @@ class ProcessorChain:
         out = self._run(self._head, rows.astype(np.float32), context)
         choices = out.argmax(axis=1)
         if not self._tail or all(self._keeps(out[i], int(choices[i])) for i in range(len(choices))):
-            self._check_possible(out)
+            self._check_possible(out, context)
             return choices
         out = self._run(self._tail, out, context)
-        self._check_possible(out)
+        self._check_possible(out, context)
         return out.argmax(axis=1)
 
-    def _check_possible(self, out: np.ndarray) -> None:
+    def _check_possible(self, out: np.ndarray, context: ProcessContext) -> None:
         """ConfigError where the chain left a row no token to pick (every logit -inf, or NaN): its processors
-        exclude each other (a top_k before a grammar, two grammars), and a pick from that row would be arbitrary."""
+        exclude each other (a top_k before a grammar, two grammars), and a pick from that row would be arbitrary.
+        A drafted row whose path the chain already forbids (a grammar masks a row after a drafted token it rejects)
+        is no such row: no verifier reaches it, since the row before gave that drafted token no probability."""
         top = out.max(axis=1) if out.size else out
-        if out.size and not bool(np.all(top > -np.inf)):  # -inf or NaN
-            row = int(np.flatnonzero(~(top > -np.inf))[0])
+        if not out.size or bool(np.all(top > -np.inf)):  # -inf or NaN
+            return
+        at = {tuple(int(t) for t in path): index for index, path in enumerate(context.paths)}
+        for row in np.flatnonzero(~(top > -np.inf)):
+            path = tuple(int(t) for t in context.paths[row]) if row < len(context.paths) else ()
+            parents = (at.get(path[:k]) for k in range(len(path)))
+            if any(p is not None and not out[p, path[k]] > -np.inf for k, p in enumerate(parents)):
+                continue
             what = "no token it allows" if top[row] == -np.inf else "NaN logits"
             raise ConfigError(
                 f"the logits processors {', '.join(repr(n) for n in self.names)} left row {row} {what}: they exclude "

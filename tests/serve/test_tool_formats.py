@@ -1,0 +1,343 @@
+"""Tool calls in each template family's format: rendered as transformers renders them (token ids equal), read out of
+answers (whole and streamed alike), and constrained by a grammar whose every call parses and validates, token for
+token the same under greedy, prompt lookup, a draft model and lookahead."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from decoctl import load_model
+from decoctl.errors import ConfigError
+from decoctl.generation import ChatTemplate, Generator
+from decoctl.generation._tools import (
+    TOOL_FORMATS,
+    CallStream,
+    ToolCall,
+    marked_text,
+    parse_answer,
+    template_messages,
+    tool_format_for,
+    tool_grammar,
+)
+
+from .conftest import plugin_registry
+from .tool_families import FAMILIES, TOOLS, conversation, model_folder
+
+transformers = pytest.importorskip("transformers")
+jsonschema = pytest.importorskip("jsonschema")
+
+NAMES = {"get_weather", "get_time"}
+QUESTION = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tool-families")
+    return {name: model_folder(root / name, family) for name, family in FAMILIES.items()}
+
+
+@pytest.fixture(scope="module")
+def models(folders: dict[str, Path]) -> dict[str, Any]:
+    return {name: load_model(folder) for name, folder in folders.items()}
+
+
+def transformers_ids(folder: Path, messages: list[dict[str, Any]], **variables: Any) -> list[int]:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False, **variables
+    )
+    return [int(i) for i in ids]
+
+
+# -- rendering ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_a_tool_round_renders_to_transformers_token_ids(name: str, folders: dict[str, Path]) -> None:
+    messages = template_messages(conversation(FAMILIES[name]))
+    ours = ChatTemplate.from_folder(folders[name]).encode(messages, tools=TOOLS)
+    assert ours == transformers_ids(folders[name], messages, tools=TOOLS)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_a_question_with_tools_renders_to_transformers_token_ids(name: str, folders: dict[str, Path]) -> None:
+    ours = ChatTemplate.from_folder(folders[name]).encode(QUESTION, tools=TOOLS)
+    assert ours == transformers_ids(folders[name], QUESTION, tools=TOOLS)
+    assert ours != ChatTemplate.from_folder(folders[name]).encode(QUESTION)  # the tools are in the prompt
+
+
+def test_call_arguments_given_as_json_text_reach_the_template_as_objects() -> None:
+    messages = template_messages(conversation(FAMILIES["qwen2.5"]))
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo", "unit": "celsius"}
+
+
+def test_arguments_that_are_not_a_json_object_are_refused_naming_the_message() -> None:
+    messages = conversation(FAMILIES["qwen2.5"])
+    messages[1]["tool_calls"][0]["function"]["arguments"] = "[1, 2]"
+    with pytest.raises(ConfigError, match=r"messages\[1\]\.tool_calls\[0\]\.function\.arguments"):
+        template_messages(messages)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_format_is_found_from_the_template(name: str) -> None:
+    assert tool_format_for(FAMILIES[name].template).name == FAMILIES[name].tool_format
+
+
+def test_a_template_without_tools_is_refused_saying_the_model_would_not_see_them() -> None:
+    with pytest.raises(ConfigError, match="never uses the variable 'tools'"):
+        tool_format_for("{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+def test_a_template_of_no_known_format_asks_for_tool_parser() -> None:
+    with pytest.raises(ConfigError, match="--tool-parser"):
+        tool_format_for("{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+def test_tool_parser_names_a_format_or_is_refused_listing_them() -> None:
+    assert tool_format_for("", "llama3-json").name == "llama3_json"
+    with pytest.raises(ConfigError, match="hermes, mistral, granite, llama3_json"):
+        tool_format_for("", "pythonic")
+
+
+# -- reading answers ----------------------------------------------------------------------------------------------
+ANSWERS = {
+    "hermes": (
+        'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+    ),
+    "mistral": (
+        'Let me look.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}, '
+        '{"name": "get_time", "arguments": {"zone": "CET"}}]'
+    ),
+    "granite": (
+        'Let me look.<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}, '
+        '{"name": "get_time", "arguments": {"zone": "CET"}}]'
+    ),
+    "llama3_json": '{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "celsius"}}',
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(ANSWERS))
+def test_an_answer_is_read_into_calls_and_the_text_before_them(fmt: str) -> None:
+    answer = parse_answer(TOOL_FORMATS[fmt], ANSWERS[fmt], names=NAMES, new_id=lambda: "id")
+    weather = ToolCall(id="id", name="get_weather", arguments='{"city": "Oslo", "unit": "celsius"}')
+    expected = (
+        (weather,)
+        if fmt == "llama3_json"
+        else (weather, ToolCall(id="id", name="get_time", arguments='{"zone": "CET"}'))
+    )
+    assert answer.calls == expected
+    assert answer.content == (None if fmt == "llama3_json" else "Let me look.")
+    assert answer.error is None
+
+
+@pytest.mark.parametrize("fmt", sorted(ANSWERS))
+def test_an_answer_without_a_call_is_content(fmt: str) -> None:
+    assert parse_answer(TOOL_FORMATS[fmt], "It is 3 degrees.", names=NAMES) == parse_answer(
+        TOOL_FORMATS[fmt], "It is 3 degrees."
+    )
+    assert parse_answer(TOOL_FORMATS[fmt], "It is 3 degrees.").content == "It is 3 degrees."
+
+
+@pytest.mark.parametrize("fmt", sorted(ANSWERS))
+def test_a_call_that_does_not_parse_is_content_and_says_why(fmt: str) -> None:
+    broken = ANSWERS[fmt][: len(ANSWERS[fmt]) - 20]
+    answer = parse_answer(TOOL_FORMATS[fmt], broken, names=NAMES)
+    assert answer.calls == () and answer.content == broken
+    assert answer.error is not None and "does not parse" in answer.error
+
+
+def test_a_call_of_a_function_not_among_the_tools_is_content_and_says_so() -> None:
+    answer = parse_answer(TOOL_FORMATS["llama3_json"], ANSWERS["llama3_json"], names={"get_time"})
+    assert answer.calls == () and "'get_weather', which is not one of the request's tools" in str(answer.error)
+
+
+def test_mistral_call_ids_are_nine_letters_and_digits_as_its_template_insists() -> None:
+    (call, *_) = parse_answer(TOOL_FORMATS["mistral"], ANSWERS["mistral"]).calls
+    assert len(call.id) == 9 and call.id.isalnum()
+    (call, *_) = parse_answer(TOOL_FORMATS["hermes"], ANSWERS["hermes"]).calls
+    assert call.id.startswith("call_")
+
+
+FAMILY_OF = {family.tool_format: name for name, family in FAMILIES.items()}
+
+
+@pytest.mark.parametrize("fmt", sorted(ANSWERS))
+@pytest.mark.parametrize("cut", [0, 6])
+def test_a_streamed_answer_gives_what_the_whole_answer_gives(fmt: str, cut: int, models: dict[str, Any]) -> None:
+    tokenizer = models[FAMILY_OF[fmt]].tokenizer
+    text = ANSWERS[fmt] if not cut else ANSWERS[fmt][:-cut]
+    tokens = _tokens(tokenizer, text, TOOL_FORMATS[fmt])
+    assert marked_text(tokenizer, tokens, TOOL_FORMATS[fmt]) == text
+    stream = CallStream(TOOL_FORMATS[fmt], tokenizer, names=NAMES, new_id=lambda: "id")
+    pieces: list[Any] = []
+    for token in tokens:
+        pieces.extend(stream.feed([token]))
+    pieces.extend(stream.finish())
+    whole = parse_answer(TOOL_FORMATS[fmt], text, names=NAMES, new_id=lambda: "id")
+    content = "".join(p for p in pieces if isinstance(p, str))
+    assert (content or None) == whole.content
+    assert tuple(p for p in pieces if isinstance(p, ToolCall)) == whole.calls
+    assert stream.error == whole.error
+
+
+def test_a_stream_holds_back_only_what_could_start_a_call(models: dict[str, Any]) -> None:
+    tokenizer = models["qwen2.5"].tokenizer
+    stream = CallStream(TOOL_FORMATS["hermes"], tokenizer, names=NAMES)
+    assert stream.feed(tokenizer.encode("Hello <tool")) == ["Hello"]  # the space waits for what follows it
+    assert stream.feed(tokenizer.encode("box>")) == [" <toolbox>"]
+
+
+def _tokens(tokenizer: Any, text: str, fmt: Any) -> list[int]:
+    """``text`` tokenized with each marker as its one token."""
+    tokens: list[int] = []
+    pattern = "|".join(map(re.escape, fmt.markers))
+    for piece in re.split(f"({pattern})", text):
+        if piece in fmt.markers and tokenizer.token_to_id(piece) is not None:
+            tokens.append(tokenizer.token_to_id(piece))
+        elif piece:
+            tokens.extend(tokenizer.encode(piece))
+    return tokens
+
+
+# -- constrained calls --------------------------------------------------------------------------------------------
+CONTROLLERS = [
+    ("greedy", {}),
+    ("speculative", {"drafter": "prompt-lookup"}),
+    ("speculative", {"drafter": "draft-model"}),
+    ("lookahead", {}),
+]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("choice", ["required", "get_time", "auto"])
+def test_a_constrained_answer_is_greedys_own_under_every_drafting_controller(
+    name: str, choice: str, folders: dict[str, Path], models: dict[str, Any]
+) -> None:
+    registry = plugin_registry()
+    model = models[name]
+    fmt = tool_format_for(FAMILIES[name].template)
+    lark = tool_grammar(fmt, TOOLS, choice=choice, parallel=False, token_id=model.tokenizer.token_to_id)
+    prompt = ChatTemplate.from_folder(folders[name]).prompt(QUESTION, tools=TOOLS)
+    answers = []
+    for controller, options in CONTROLLERS:
+        roles = {"target": model}
+        if options.get("drafter") == "draft-model":
+            roles["draft"] = model  # the target's own weights: its drafts are accepted until the grammar forbids one
+        generator = Generator(
+            roles, controller, options=options, processors=[{"name": "grammar", "lark": lark}], registry=registry
+        )
+        answers.append(generator.generate(prompt, max_new_tokens=96).tokens)
+    assert all(tokens == answers[0] for tokens in answers[1:])
+    if choice != "auto":
+        answer = parse_answer(fmt, marked_text(model.tokenizer, answers[0], fmt), names=NAMES)
+        assert answer.error is None and len(answer.calls) == 1
+        assert choice == "required" or answer.calls[0].name == choice
+
+
+def test_auto_leaves_text_free_until_the_trigger_then_allows_only_calls(models: dict[str, Any]) -> None:
+    import llguidance
+
+    tokenizer = models["qwen2.5"].tokenizer
+    fmt = TOOL_FORMATS["hermes"]
+    lark = tool_grammar(fmt, TOOLS, choice="auto", parallel=True, token_id=tokenizer.token_to_id)
+    llg_tokenizer = llguidance.LLTokenizer(tokenizer.to_json(), n_vocab=512, eos_token=[385])
+
+    def accepts(text: str) -> bool:
+        matcher = llguidance.LLMatcher(llg_tokenizer, llguidance.LLMatcher.grammar_from_lark(lark))
+        tokens = _tokens(tokenizer, text, fmt)
+        return matcher.validate_tokens(tokens) == len(tokens)
+
+    assert accepts("Any text at all { ] ")
+    assert accepts(ANSWERS["hermes"])
+    assert not accepts('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"')
+    assert not accepts('<tool_call>\n{"name": "send_mail"')
+
+
+# -- every required call validates ---------------------------------------------------------------------------------
+KEYS = st.text(alphabet="abcdefgh_", min_size=1, max_size=6)
+LEAVES = st.one_of(
+    st.just({"type": "boolean"}),
+    st.just({"type": "null"}),
+    st.builds(
+        lambda low, span: {"type": "integer", "minimum": low, "maximum": low + span},
+        st.integers(-99, 99),
+        st.integers(0, 500),
+    ),
+    st.builds(lambda low: {"type": "number", "minimum": low, "maximum": low + 10}, st.integers(-5, 5)),
+    st.builds(lambda size: {"type": "string", "maxLength": size}, st.integers(0, 6)),
+    st.lists(st.text(alphabet="xyz é", min_size=1, max_size=4), min_size=1, max_size=3, unique=True).map(
+        lambda values: {"enum": values}
+    ),
+)
+
+
+def objects(children: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    def shape(properties: dict[str, Any], draw_required: list[bool]) -> dict[str, Any]:
+        required = [key for key, flag in zip(properties, draw_required, strict=False) if flag]
+        return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+    return st.builds(
+        shape, st.dictionaries(KEYS, children, max_size=3), st.lists(st.booleans(), min_size=3, max_size=3)
+    )
+
+
+SCHEMAS = st.recursive(
+    LEAVES,
+    lambda children: st.one_of(
+        objects(children),
+        st.builds(lambda items, most: {"type": "array", "items": items, "maxItems": most}, children, st.integers(0, 2)),
+    ),
+    max_leaves=5,
+)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
+@given(
+    schemas=st.lists(objects(SCHEMAS), min_size=1, max_size=3),
+    seed=st.integers(0, 2**31 - 1),
+    family=st.sampled_from(sorted(FAMILIES)),
+    parallel=st.booleans(),
+)
+def test_every_required_call_parses_and_validates_against_its_schema(
+    schemas: list[dict[str, Any]],
+    seed: int,
+    family: str,
+    parallel: bool,
+    models: dict[str, Any],
+    folders: dict[str, Path],
+) -> None:
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{i}", "parameters": schema}}
+        for i, schema in enumerate(schemas)
+    ]
+    model = models[family]
+    fmt = tool_format_for(FAMILIES[family].template)
+    lark = tool_grammar(fmt, tools, choice="required", parallel=parallel, token_id=model.tokenizer.token_to_id)
+    # sampling at a high temperature wanders the grammar's paths; the prompt is short, the tools are in the grammar
+    generator = Generator(
+        {"target": model},
+        "sample",
+        processors=[{"name": "grammar", "lark": lark}, {"name": "temperature", "temperature": 1.5}],
+        registry=plugin_registry(),
+    )
+    result = generator.generate(
+        ChatTemplate.from_folder(folders[family]).prompt(QUESTION), max_new_tokens=200, seed=seed
+    )
+    assume(result.stats.stop_reason == "eos")  # a call cut off by max_new_tokens is not a whole call
+    answer = parse_answer(
+        fmt, marked_text(model.tokenizer, result.tokens, fmt), names={t["function"]["name"] for t in tools}
+    )
+    assert answer.error is None and answer.calls
+    by_name = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
+    for call in answer.calls:
+        jsonschema.validate(json.loads(call.arguments), by_name[call.name])
