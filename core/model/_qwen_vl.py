@@ -133,7 +133,9 @@ class QwenVision:
         if missing:
             raise ModelLoadError(
                 f"{source}: model.vision.inputs lacks {', '.join(missing)}: decoctl computes those on the host and "
-                "feeds them to the vision graph by these names (decoctl.testing.qwen_vl exports such a graph)"
+                "feeds them to the vision graph by these names. A vision graph that takes image_grid_thw and computes "
+                "them inside, for the grid it was traced with, is not one decoctl runs: export the vision tower as "
+                "decoctl.testing.vlm_qwen does"
             )
         if values["window_size"] % (values["patch_size"] * values["spatial_merge_size"]):
             raise ModelLoadError(

@@ -20,6 +20,7 @@ import decoctl
 from decoctl import ConfigError, Generator, ModelLoadError
 from decoctl.host import Rows
 from decoctl.host import Sequence as Row
+from decoctl.model._qwen_vl import QwenVision
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import EOS_TOKEN_ID, PAD_TOKEN_ID
 
@@ -269,3 +270,15 @@ def test_a_type_whose_positions_the_decoder_does_not_take_is_refused(qwen_vl: Qw
 
     with pytest.raises(ModelLoadError, match=r"model.type 'llava' but .* is three position\(s\) a token"):
         Generator({"target": folder}, "greedy", threads=1)
+
+
+def test_a_vision_section_that_names_no_host_inputs_is_refused_naming_them() -> None:
+    section = {  # onnxruntime-genai's own Qwen2.5-VL vision section: the graph takes the grid
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "window_size": 112,
+        "inputs": {"pixel_values": "pixel_values", "image_grid_thw": "image_grid_thw"},
+    }
+
+    with pytest.raises(ModelLoadError, match=r"lacks rotary_positions, window_index, .*takes image_grid_thw"):
+        QwenVision.from_section(section, "genai_config.json")
