@@ -238,7 +238,8 @@ class Runner:
         # but the token (and the lengths or mask), step() skips run()'s checks (see step())
         self._steppable = (
             isinstance(self.kv, SharedKVCache)
-            and caps.position_ids is None
+            # M-RoPE positions stay bound too ([3, 1, 1]); step() writes them (decoctl.model._qwen_vl)
+            and (caps.position_ids is None or caps.position_axes == 3)
             and caps.attention_bias is None
             and caps.feature_input is None
         )
@@ -389,6 +390,8 @@ class Runner:
                 return self.run(np.array((token,), np.int64))  # it may take an image's features
             assert embedder.table is not None
             self._embeds.array[0] = embedder.table[token]  # the row the last one-token run bound
+        if self._mrope is not None:
+            self._fill_mrope(self._ids[0, :1], length)
         if self.kv.rings is not None:
             self.kv.rings.before_run(length, 1)
         self._feed_length(length + 1)
