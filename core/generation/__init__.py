@@ -6,7 +6,8 @@ prompts finish). ``generate``/``stream`` are its one-shot forms.
 
 Private modules: ``_generator`` (the Generator), ``_opening`` (a choice checked and a request opened into its host
 and controller, for the Generator and the server's engine), ``_results`` (what a generation gives back), ``_batch``
-(batched prompts and prompt files), ``_chat_template`` (chat templates in jinja2's sandbox).
+(batched prompts and prompt files), ``_chat_template`` (chat templates in jinja2's sandbox), ``_tools`` (tool calls
+in a template family's format: read from answers, and the grammar that constrains them).
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ if TYPE_CHECKING:
     from decoctl.generation._chat_template import CHAT_TEMPLATE_FILE, ChatPrompt, ChatTemplate, encode_prompt
     from decoctl.generation._generator import Generator, generate, stream
     from decoctl.generation._results import Completion, GenerationResult, GenerationStats
+    from decoctl.generation._tools import (
+        TOOL_FORMATS,
+        ParsedAnswer,
+        ToolCall,
+        ToolFormat,
+        parse_answer,
+        tool_format_for,
+        tool_grammar,
+    )
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -50,11 +60,24 @@ _EXPORTS = {
     **dict.fromkeys(
         ("CHAT_TEMPLATE_FILE", "ChatPrompt", "ChatTemplate", "encode_prompt"), "decoctl.generation._chat_template"
     ),
+    **dict.fromkeys(
+        (
+            "TOOL_FORMATS",
+            "ParsedAnswer",
+            "ToolCall",
+            "ToolFormat",
+            "parse_answer",
+            "tool_format_for",
+            "tool_grammar",
+        ),
+        "decoctl.generation._tools",
+    ),
 }
 
 __all__ = [
     "CHAT_TEMPLATE_FILE",
     "PROMPT_KEYS",
+    "TOOL_FORMATS",
     "BatchPrompt",
     "BatchSlot",
     "ChatPrompt",
@@ -63,14 +86,20 @@ __all__ = [
     "GenerationResult",
     "GenerationStats",
     "Generator",
+    "ParsedAnswer",
+    "ToolCall",
+    "ToolFormat",
     "encode_prompt",
     "generate",
     "one_at_a_time",
+    "parse_answer",
     "read_prompt_records",
     "read_prompts",
     "result_record",
     "run_batch",
     "stream",
+    "tool_format_for",
+    "tool_grammar",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -30,6 +30,7 @@ from decoctl.generation._batch import BatchPrompt, BatchSlot, one_at_a_time, run
 from decoctl.generation._chat_template import ChatPrompt, ChatTemplate, encode_prompt
 from decoctl.generation._opening import check_choice, check_models, make_controller, open_host
 from decoctl.generation._results import GenerationResult, GenerationStats
+from decoctl.generation._tools import marked_text, parse_answer, template_messages, tool_format_for
 from decoctl.host import ForwardSizes, Host, Output, Rows, Sequence, role_flag
 from decoctl.importers._registry import role_defaults
 from decoctl.logs import get_logger
@@ -269,10 +270,31 @@ class Generator:
         max_new_tokens: int = 128,
         stop: tuple[str, ...] | list[str] = (),
         seed: int | None = 0,
+        tools: Seq[Mapping[str, Any]] | None = None,
+        tool_parser: str | None = None,
     ) -> GenerationResult:
-        """The assistant's answer to ``messages`` (dicts with "role" and "content"): generate() on chat_prompt()."""
-        prompt = self.chat_prompt(messages, template=template)
-        return self.generate(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+        """The assistant's answer to ``messages`` (dicts with "role" and "content"): generate() on chat_prompt().
+
+        ``tools``: functions as OpenAI's ``tools`` lists them (``{"type": "function", "function": {"name": ...,
+        "parameters": {...}}}``), rendered by the template (``tools=``, as apply_chat_template takes them); the
+        answer is then read for calls in the template family's format (``tool_parser`` names it: hermes,
+        llama3_json, mistral, granite) into ``result.tool_calls``, and ``result.tool_call_error`` says why output
+        that started a call did not parse. Assistant messages may carry OpenAI's ``tool_calls`` (arguments as JSON
+        text) and tool messages their ``tool_call_id``. The calls are not constrained here: for calls that always
+        parse, give the Generator the grammar processor with ``tool_grammar(...)`` (decoctl.generation)."""
+        if tools is None:
+            return self.generate(
+                self.chat_prompt(messages, template=template), max_new_tokens=max_new_tokens, stop=stop, seed=seed
+            )
+        chosen = template if isinstance(template, ChatTemplate) else None
+        if chosen is None:
+            chosen = ChatTemplate.from_folder(self.models["target"].spec.path, template=template)
+        fmt = tool_format_for(chosen.source, tool_parser, origin=f"the chat template from {chosen.origin}")
+        prompt = chosen.prompt(template_messages(messages), tools=list(tools))
+        result = self.generate(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+        names = {str(tool["function"]["name"]) for tool in tools}
+        answer = parse_answer(fmt, marked_text(self.models["target"].tokenizer, result.tokens, fmt), names=names)
+        return attrs.evolve(result, tool_calls=answer.calls, tool_call_error=answer.error)
 
     # -- running ----------------------------------------------------------------------------------------
     def stream(

@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 
+from decoctl.generation._tools import ToolCall
 from decoctl.host import ForwardSizes, Host
 
 __all__ = ["Completion", "GenerationResult", "GenerationStats"]
@@ -55,12 +56,16 @@ class Completion:
 @attrs.frozen(kw_only=True)
 class GenerationResult:
     """``text`` and ``tokens`` are the first completion's; ``completions`` holds every completion (one, or the
-    beams / samples a controller returns, best first where it ranks them)."""
+    beams / samples a controller returns, best first where it ranks them). ``tool_calls``: the calls a chat with
+    tools (Generator.chat(..., tools=...)) read from the answer; ``tool_call_error``: why output that started a
+    call did not parse (its text stays in ``text``)."""
 
     text: str
     tokens: tuple[int, ...]
     stats: GenerationStats
     completions: tuple[Completion, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_error: str | None = None
 
     @classmethod
     def of(cls, host: Host, stats: GenerationStats) -> GenerationResult:

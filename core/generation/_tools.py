@@ -138,6 +138,7 @@ TOOL_FORMATS: Mapping[str, ToolFormat] = {
         ),
     )
 }
+"""The tool-call formats by name (``--tool-parser``): hermes, mistral, granite, llama3_json."""
 
 
 def tool_format_for(template_source: str, name: str | None = None, *, origin: str = "the chat template") -> ToolFormat:
@@ -356,7 +357,7 @@ def _call(fmt: ToolFormat, value: Any, names: Collection[str] | None, new_id: Ca
     name = value["name"]
     if names is not None and name not in names:
         raise _NotCalls(f"the call names {name!r}, which is not one of the request's tools")
-    arguments = next((value[key] for key in (fmt.arguments_key, "arguments", "parameters") if key in value), {})
+    arguments: Any = next((value[key] for key in (fmt.arguments_key, "arguments", "parameters") if key in value), {})
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
@@ -398,7 +399,8 @@ def marked_text(tokenizer: Any, tokens: Sequence[int], fmt: ToolFormat) -> str:
     if not marks:
         text: str = tokenizer.decode(list(tokens))
         return text
-    pieces, run = [], []
+    pieces: list[str] = []
+    run: list[int] = []
     for token in tokens:
         if int(token) in marks:
             pieces.extend((tokenizer.decode(run), marks[int(token)]))

@@ -385,7 +385,7 @@ class ProcessorChain:
         if not out.size or bool(np.all(top > -np.inf)):  # -inf or NaN
             return
         at = {tuple(int(t) for t in path): index for index, path in enumerate(context.paths)}
-        for row in np.flatnonzero(~(top > -np.inf)):
+        for row in map(int, np.flatnonzero(~(top > -np.inf))):
             path = tuple(int(t) for t in context.paths[row]) if row < len(context.paths) else ()
             parents = (at.get(path[:k]) for k in range(len(path)))
             if any(p is not None and not out[p, path[k]] > -np.inf for k, p in enumerate(parents)):

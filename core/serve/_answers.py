@@ -14,6 +14,7 @@ from decoctl.serve._protocol import (
     ChatDelta,
     ChatLogprobs,
     ChatResponse,
+    ChoiceNote,
     CompletionChoice,
     CompletionChunk,
     CompletionLogprobs,
@@ -127,18 +128,27 @@ class Answers:
         finish: Finished | None = None,
         role: bool = False,
         logprobs: Sequence[TokenLogprob] | None = None,
+        delta: ChatDelta | None = None,
+        ended: str | None = None,
+        note: ChoiceNote | None = None,
         **more: Any,
     ) -> dict[str, Any]:
         """One chunk of a stream, as JSON: choice ``index``'s ``text`` (a chat's first chunk: its ``role``), how it
-        ended, its ``logprobs``; no choice (``index`` None) for the closing usage chunk."""
-        ended = None if finish is None else reason(finish)
+        ended, its ``logprobs``; no choice (``index`` None) for the closing usage chunk. A chat's tool calls give
+        their own ``delta``, the reason it ``ended`` ("tool_calls") and decoctl's ``note`` on it
+        (decoctl.serve._tool_calls)."""
+        if ended is None:
+            ended = None if finish is None else reason(finish)
         record: ChatChunk | CompletionChunk
         if chat:
             choices = []
             if index is not None:
-                delta = ChatDelta(role="assistant", content="") if role else ChatDelta(content=text)
+                if delta is None:
+                    delta = ChatDelta(role="assistant", content="") if role else ChatDelta(content=text)
                 shown = self.chat_logprobs(logprobs) if logprobs is not None else None
-                choices.append(ChatChunkChoice(index=index, delta=delta, finish_reason=ended, logprobs=shown))
+                choices.append(
+                    ChatChunkChoice(index=index, delta=delta, finish_reason=ended, logprobs=shown, decoctl=note)
+                )
             record = ChatChunk(choices=choices, **common, **more)
         else:
             listed = []

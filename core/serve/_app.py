@@ -61,6 +61,7 @@ def create_app(
     image_workers: int = IMAGE_WORKERS,
     body_seconds: float = BODY_SECONDS,
     send_seconds: float = SEND_SECONDS,
+    tool_parser: str | None = None,
 ) -> Starlette:
     """The server's ASGI app over ``engine`` (started at the app's start-up, drained at its shutdown). A chat request
     carries at most ``max_images`` images of at most ``max_image_pixels`` pixels each (as sent, read from the header
@@ -68,7 +69,9 @@ def create_app(
     ``image_workers`` at a time, on worker threads (never the event loop or the engine thread); prompts are
     tokenized and chat templates rendered on as many worker threads of their own. A request body must arrive within
     ``body_seconds`` (else 408), and each event of a stream must be taken by its client within ``send_seconds``
-    (else the completion is cancelled, its row freed, and the connection closed)."""
+    (else the completion is cancelled, its row freed, and the connection closed). ``tool_parser``: the format the
+    model writes tool calls in (hermes, llama3_json, mistral, granite); None: the one the chat template's text shows
+    (decoctl.serve._tool_calls)."""
     metrics = Metrics(engine)
     edge = Edge(model_name=model_name, api_key=api_key, body_seconds=body_seconds)
     generating = Completions(
@@ -81,6 +84,7 @@ def create_app(
         max_images=max_images,
         max_image_pixels=max_image_pixels,
         send_seconds=send_seconds,
+        tool_parser=tool_parser,
     )
     service = _Service(engine, edge, metrics, chat_template is not None)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from decoctl.errors import ConfigError
+from decoctl.generation._tools import TOOL_FORMATS
 from decoctl.model._image_processor import MAX_IMAGES, MAX_PIXELS
 from decoctl.plugins import PluginRegistry
 from decoctl.serve._join_rule import PREFILL_SHARE, JoinRule
@@ -93,6 +94,11 @@ def add_serve_parsers(commands: Any) -> None:
         default=MAX_PIXELS,
         help=f"pixels an image may have, as sent and once resized (default {MAX_PIXELS:,}); more are a 400, "
         "checked before the image is decoded",
+    )
+    serve.add_argument(
+        "--tool-parser",
+        choices=tuple(TOOL_FORMATS),
+        help="the format the model writes tool calls in (default: the one its chat template shows)",
     )
     serve.add_argument(
         "--drain-seconds",
@@ -176,6 +182,7 @@ def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
         api_key=api_key,
         max_images=args.max_images,
         max_image_pixels=args.max_image_pixels,
+        tool_parser=args.tool_parser,
     )
     # the socket is bound here, so the address printed is the one bound (--port 0 picks a free port)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET

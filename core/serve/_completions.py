@@ -39,6 +39,7 @@ from decoctl.serve._requests import (
     TokenLogprob,
 )
 from decoctl.serve._streams import SEND_SECONDS, TimedStream, sse
+from decoctl.serve._tool_calls import ToolError, ToolPlan, chat_messages, tool_plan, with_calls
 from decoctl.serve._translate import choice_for
 
 __all__ = ["RETRY_AFTER_SECONDS", "Completions"]
@@ -90,6 +91,7 @@ class Completions:
         max_images: int,
         max_image_pixels: int,
         send_seconds: float = SEND_SECONDS,
+        tool_parser: str | None = None,
     ) -> None:
         self.engine = engine
         self.edge = edge
@@ -104,6 +106,8 @@ class Completions:
         self._max_images = max_images
         self._max_image_pixels = max_image_pixels
         self._send_seconds = send_seconds
+        #: the tool-call format the operator named (decoctl serve --tool-parser), else the template's own
+        self.tool_parser = tool_parser
 
     # -- the endpoints ----------------------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
@@ -134,7 +138,15 @@ class Completions:
                 "--chat-template FILE",
             )
         try:
-            prompt = await anyio.to_thread.run_sync(lambda: template.prompt(body.chat()), limiter=self._text_work)
+            tools = tool_plan(body, template, tool_parser=self.tool_parser)
+            messages = chat_messages(body)
+        except ToolError as exc:
+            raise Refusal(400, str(exc), param=exc.param) from None
+        variables = tools.variables() if tools is not None else {}
+        try:
+            prompt = await anyio.to_thread.run_sync(
+                lambda: template.prompt(messages, **variables), limiter=self._text_work
+            )
         except ConfigError as exc:
             raise Refusal(400, str(exc), param="messages") from None
         if body.top_logprobs is not None and not body.logprobs:
@@ -143,7 +155,7 @@ class Completions:
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         urls = body.image_urls()
         if not urls:
-            return await self._respond(request, body, [prompt.ids], max_tokens, logprobs, chat=True)
+            return await self._respond(request, body, [prompt.ids], max_tokens, logprobs, chat=True, tools=tools)
         vision = self.engine.models["target"].vision
         if vision is None:
             raise Refusal(
@@ -170,7 +182,9 @@ class Completions:
             ids, features = await anyio.to_thread.run_sync(encode, limiter=self._image_work)
         except ConfigError as exc:
             raise Refusal(400, str(exc), param="messages") from None
-        return await self._respond(request, body, [tuple(ids)], max_tokens, logprobs, chat=True, images=features)
+        return await self._respond(
+            request, body, [tuple(ids)], max_tokens, logprobs, chat=True, images=features, tools=tools
+        )
 
     # -- a request's life: submitted, its events read, answered ----------------------------------------------------
     async def _submit(
@@ -180,12 +194,14 @@ class Completions:
         max_tokens: int | None,
         logprobs: Any,
         images: ImageFeatures | None = None,
+        tools: ToolPlan | None = None,
     ) -> _Submitted:
         engine = self.engine
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         try:
-            controller, options, tables = choice_for(body, engine.registry, self._vocab_size)
+            grammar = tools.grammar(self.tokenizer.token_to_id) if tools is not None else None
+            controller, options, tables = choice_for(body, engine.registry, self._vocab_size, tool_grammar=grammar)
         except ConfigError as exc:
             raise Refusal(400, str(exc)) from None
         requests = [
@@ -282,13 +298,14 @@ class Completions:
         logprobs: int | None,
         chat: bool,
         images: ImageFeatures | None = None,
+        tools: ToolPlan | None = None,
     ) -> Response:
-        submitted = await self._submit(body, prompts, max_tokens, logprobs, images)
+        submitted = await self._submit(body, prompts, max_tokens, logprobs, images, tools)
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return TimedStream(
-                sse(self._stream(request, submitted, ident, prompts, chat, include_usage)),
+                sse(self._stream(request, submitted, ident, prompts, chat, include_usage, tools)),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                 seconds=self._send_seconds,
@@ -319,6 +336,8 @@ class Completions:
             usage=self.answers.usage(finished, prompts),
             decoctl=self.answers.stats(finished, submitted.controller),
         )
+        if tools is not None and tools.reads_calls:
+            with_calls(answer, tools, self.tokenizer, [item.finished for item in choices])
         return JSONResponse(answer.model_dump(mode="json"))
 
     async def _stream(
@@ -329,9 +348,13 @@ class Completions:
         prompts: list[tuple[int, ...]],
         chat: bool,
         include_usage: bool,
+        tools: ToolPlan | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         common = {"id": ident, "created": int(time.time()), "model": self.model_name}
         answers = self.answers
+        calls = None
+        if tools is not None and tools.reads_calls:
+            calls = [tools.stream(self.tokenizer) for _ in range(submitted.choices)]
         if chat:
             for index in range(submitted.choices):
                 yield answers.chunk(common, chat=chat, index=index, role=True)
@@ -347,11 +370,34 @@ class Completions:
                     extension = DecoctlDelta(
                         tokens=len(event.tokens), drafted=event.drafted, drafted_chars=drafted_chars
                     )
+                    if calls is not None:  # content as it comes; what could start a call waits for the answer's end
+                        for number, delta in enumerate(calls[index].feed(event.tokens) or [None]):
+                            if delta is None and not event.logprobs:
+                                continue
+                            shown = event.logprobs if number == 0 else None
+                            yield answers.chunk(
+                                common, chat=chat, index=index, delta=delta, logprobs=shown, decoctl=extension
+                            )
+                        continue
                     yield answers.chunk(
                         common, chat=chat, index=index, text=event.text, logprobs=event.logprobs, decoctl=extension
                     )
                 else:
                     finished.append(event)
+                    if calls is not None:
+                        deltas, ended, note = calls[index].finish(event.tokens, event.finish_reason)
+                        for delta in deltas:
+                            yield answers.chunk(common, chat=chat, index=index, delta=delta)
+                        yield answers.chunk(
+                            common,
+                            chat=chat,
+                            index=index,
+                            finish=event,
+                            ended=ended,
+                            note=note,
+                            decoctl=answers.stats([event], submitted.controller),
+                        )
+                        continue
                     yield answers.chunk(
                         common,
                         chat=chat,

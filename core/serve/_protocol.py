@@ -69,10 +69,54 @@ class ImagePart(_Strict):
     image_url: ImageURL
 
 
+#: the tools one request may define
+MAX_TOOLS = 128
+#: OpenAI's rule for a function's name
+FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+class FunctionDef(_Strict):
+    name: Annotated[str, Field(pattern=FUNCTION_NAME)]
+    description: str | None = None
+    #: a JSON schema of the arguments' object (decoctl.generation._tools.check_tool_schema checks it)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class CalledFunction(_Strict):
+    name: str
+    #: the arguments as JSON text, as the call gave them
+    arguments: str
+
+
+class ToolCallIn(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]] | None = None
     name: str | None = None
+    #: an assistant message's calls
+    tool_calls: list[ToolCallIn] | None = None
+    #: a tool message: the call it answers
+    tool_call_id: str | None = None
 
 
 #: tokens one request's logit_bias may name (each becomes work on every step)
@@ -125,6 +169,9 @@ class ChatRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: ResponseFormat | None = None
+    tools: Annotated[list[ToolDef], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def chat(self) -> list[dict[str, Any]]:
         """The messages as a chat template takes them: a list of text parts joined into one string; a message
@@ -144,6 +191,10 @@ class ChatRequest(_Sampling):
             item: dict[str, Any] = {"role": message.role, "content": content}
             if message.name is not None:
                 item["name"] = message.name
+            if message.tool_calls is not None:
+                item["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+            if message.tool_call_id is not None:
+                item["tool_call_id"] = message.tool_call_id
             messages.append(item)
         return messages
 
@@ -160,11 +211,8 @@ class ChatRequest(_Sampling):
 
 #: the fields OpenAI defines that decoctl does not support, and why (a 400 names them with the reason)
 UNSUPPORTED = {
-    "tools": "tool calling is not supported",
-    "tool_choice": "tool calling is not supported",
-    "functions": "function calling is not supported",
-    "function_call": "function calling is not supported",
-    "parallel_tool_calls": "tool calling is not supported",
+    "functions": "the legacy functions API is not supported: send tools",
+    "function_call": "the legacy functions API is not supported: send tool_choice",
     "audio": "audio is not supported",
     "modalities": "only text is supported",
     "prediction": "predicted outputs are not supported (decoctl's prompt lookup drafts from the prompt: "
@@ -221,7 +269,7 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-FinishReason = Literal["stop", "length", "cancelled", "shutdown"]
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "shutdown"]
 
 
 class Usage(_Out):
@@ -276,9 +324,27 @@ class CompletionChoice(_Out):
     logprobs: CompletionLogprobs | None = None
 
 
+class CalledFunctionOut(_Out):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(_Out):
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunctionOut
+
+
 class AssistantMessage(_Out):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class ChoiceNote(_Out):
+    """decoctl's note on one choice: why output that started a tool call is returned as content."""
+
+    tool_call_error: str
 
 
 class ChatChoice(_Out):
@@ -286,11 +352,25 @@ class ChatChoice(_Out):
     message: AssistantMessage
     finish_reason: FinishReason | None
     logprobs: ChatLogprobs | None = None
+    decoctl: ChoiceNote | None = None
+
+
+class FunctionDelta(_Out):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_Out):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
 
 
 class ChatDelta(_Out):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(_Out):
@@ -298,6 +378,7 @@ class ChatChunkChoice(_Out):
     delta: ChatDelta
     finish_reason: FinishReason | None
     logprobs: ChatLogprobs | None = None
+    decoctl: ChoiceNote | None = None
 
 
 class _Response(_Out):

@@ -25,9 +25,10 @@ __all__ = ["choice_for", "processor_tables"]
 
 
 def choice_for(
-    body: CompletionRequest | ChatRequest, registry: PluginRegistry, vocab_size: int
+    body: CompletionRequest | ChatRequest, registry: PluginRegistry, vocab_size: int, *, tool_grammar: str | None = None
 ) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
-    """(controller, options, processor tables) for ``body``; ConfigError for values decoctl cannot run."""
+    """(controller, options, processor tables) for ``body``; ConfigError for values decoctl cannot run.
+    ``tool_grammar``: the Lark grammar of the request's tool calls (decoctl.serve._tool_calls), first in the chain."""
     choice = body.decoctl or DecoctlChoice()
     temperature = 1.0 if body.temperature is None else body.temperature
     if choice.controller is not None:
@@ -36,15 +37,27 @@ def choice_for(
         raise ConfigError('"decoctl.options" are a controller\'s options: name it in "decoctl.controller" too')
     else:
         controller = "greedy" if temperature == 0 else "sample"
-    tables = processor_tables(body, registry, vocab_size, sampling=temperature != 0)
+    tables = processor_tables(body, registry, vocab_size, sampling=temperature != 0, tool_grammar=tool_grammar)
     return controller, dict(choice.options), tables
 
 
 def processor_tables(
-    body: CompletionRequest | ChatRequest, registry: PluginRegistry, vocab_size: int, *, sampling: bool
+    body: CompletionRequest | ChatRequest,
+    registry: PluginRegistry,
+    vocab_size: int,
+    *,
+    sampling: bool,
+    tool_grammar: str | None = None,
 ) -> list[dict[str, Any]]:
     tables: list[dict[str, Any]] = []
     schema = _response_schema(body) if isinstance(body, ChatRequest) else None
+    if tool_grammar is not None:
+        if schema is not None:
+            raise ConfigError(
+                "response_format asks for JSON and tool_choice constrains the answer to tool calls: one request takes "
+                'one grammar (drop response_format, or send tool_choice "none")'
+            )
+        tables.append({"name": "grammar", "lark": tool_grammar})
     if schema is not None:
         # first in the chain: every other processor (top_k, a bias, penalties) works among the tokens it allows.
         # JSON as OpenAI writes it: ", " and ": " between items, no other whitespace (llguidance's default lets a
@@ -68,6 +81,11 @@ def processor_tables(
             raise ConfigError(
                 "decoctl.processors names a grammar and response_format asks for JSON: one request takes one grammar "
                 "(drop the grammar from processors, or response_format)"
+            )
+        if tool_grammar is not None and any(normalise_name(str(t["name"])) == "grammar" for t in chain):
+            raise ConfigError(
+                "decoctl.processors names a grammar and tool_choice constrains the answer to tool calls: one request "
+                'takes one grammar (drop the grammar from processors, or send tool_choice "none")'
             )
         tables.extend(chain)
     if sampling and body.temperature is not None and body.temperature != 1:

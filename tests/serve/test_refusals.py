@@ -56,9 +56,16 @@ def test_an_unknown_field_is_a_400_naming_it(live: Live) -> None:
 
 
 def test_an_unsupported_openai_field_is_a_400_naming_it_and_why(live: Live) -> None:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": []}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "functions": []}
     status, message = refused(live, body, "/v1/chat/completions")
-    assert status == 400 and "'tools'" in message and "not supported" in message
+    assert status == 400 and "'functions'" in message and "not supported: send tools" in message
+
+
+def test_tools_with_a_template_that_never_renders_them_are_a_400_saying_so(live: Live) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    status, message = refused(live, body, "/v1/chat/completions")
+    assert status == 400 and "never uses the variable 'tools'" in message
 
 
 def test_an_unknown_field_inside_the_extension_is_a_400_naming_it(live: Live) -> None:

@@ -341,3 +341,21 @@ def test_every_required_call_parses_and_validates_against_its_schema(
     by_name = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
     for call in answer.calls:
         jsonschema.validate(json.loads(call.arguments), by_name[call.name])
+
+
+def test_generator_chat_renders_the_tools_and_reads_the_calls(folders: dict[str, Path], models: dict[str, Any]) -> None:
+    from decoctl.generation import TOOL_FORMATS as PUBLIC_FORMATS
+    from decoctl.generation import tool_grammar as public_grammar
+
+    model = models["mistral-v0.3"]
+    lark = public_grammar(
+        PUBLIC_FORMATS["mistral"], TOOLS, choice="required", parallel=False, token_id=model.tokenizer.token_to_id
+    )
+    generator = Generator(
+        {"target": model}, "greedy", processors=[{"name": "grammar", "lark": lark}], registry=plugin_registry()
+    )
+    result = generator.chat(QUESTION, tools=TOOLS, max_new_tokens=96)
+    assert result.tool_call_error is None and len(result.tool_calls) == 1
+    assert result.tool_calls[0].name in NAMES and len(result.tool_calls[0].id) == 9
+    assert result.stats.prompt_tokens == len(transformers_ids(folders["mistral-v0.3"], QUESTION, tools=TOOLS))
+    assert generator.chat(QUESTION, max_new_tokens=4).tool_calls == ()
