@@ -15,7 +15,8 @@ Everything is built on the fly from a seed, without torch and without downloads:
 The models are written with the onnx package and sampling is checked with scipy, which decoctl itself does not
 need: they come with the extra, ``pip install 'decoctl[testing]'``. The names load on first use (PEP 562).
 ``decoctl.testing.vlm`` builds a tiny vision-language model with transformers (``python -m decoctl.testing.vlm``),
-``decoctl.testing.vlm_qwen`` a tiny dynamic-resolution one (Qwen2.5-VL: ``python -m decoctl.testing.vlm_qwen``).
+``decoctl.testing.vlm_qwen`` a tiny dynamic-resolution one (Qwen2.5-VL: ``python -m decoctl.testing.vlm_qwen``),
+``decoctl.testing.vlm_gemma3`` a tiny Gemma 3 (SigLIP, pan-and-scan: ``python -m decoctl.testing.vlm_gemma3``).
 """
 
 try:
