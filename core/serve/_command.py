@@ -115,6 +115,16 @@ def add_serve_parsers(commands: Any) -> None:
     chat.add_argument("--max-new-tokens", "-n", type=int, default=512, help="longest answer (default 512)")
     chat.add_argument("--seed", type=int, default=0)
     chat.add_argument("--system", help="a system message to start every conversation with")
+    chat.add_argument(
+        "--tools", metavar="FILE.json", help="OpenAI tools (a JSON list) the model may call; you type each result"
+    )
+    chat.add_argument(
+        "--tool-parser", choices=tuple(TOOL_FORMATS), help="the model's tool-call format (default: its template's)"
+    )
+    chat.add_argument(
+        "--tool-choice", default="auto", help="auto (default), required, none, or the one function to call"
+    )
+    chat.add_argument("--no-parallel-tool-calls", action="store_true", help="at most one call an answer")
     add_bench_serve_parser(commands)
 
 
@@ -234,6 +244,23 @@ def run_chat(
     )
     target = generator.models["target"]
     template = _chat_template(args, target.spec.path, required=True)
+    tools = None
+    if args.tools:
+        from decoctl.serve._tool_chat import ToolChat
+
+        tools = ToolChat.of(
+            args.tools,
+            template,
+            tool_parser=args.tool_parser,
+            choice=args.tool_choice,
+            parallel=not args.no_parallel_tool_calls,
+        )
+        grammar = tools.processors(generator)
+        if grammar:  # the same models, the tools' grammar first in the chain
+            chain = [*grammar, *([args.processors] if args.processors else [])]
+            generator = Generator(
+                dict(generator.models), args.controller, options=options, processors=chain, registry=registry
+            )
     start = [{"role": "system", "content": args.system}] if args.system else []
     history = list(start)
     interactive = given_in.isatty()
@@ -255,17 +282,23 @@ def run_chat(
         if not text.strip():
             continue
         history.append({"role": "user", "content": text})
-        prompt = generator.chat_prompt(history, template=template)
-        pieces = []
-        stream = generator.stream(prompt, max_new_tokens=args.max_new_tokens, seed=args.seed)
-        try:
-            for piece in stream:
-                pieces.append(piece)
-                out.write(piece)
-                out.flush()
-        except KeyboardInterrupt:  # Ctrl-C ends this answer (kept as far as it got), not the conversation
-            stream.close()
-            out.write(" [stopped]")
-        out.write("\n")
-        history.append({"role": "assistant", "content": "".join(pieces)})
+        while True:  # with tools: again after each answer whose calls got their results
+            if tools is not None:
+                prompt = tools.prompt(generator, history, template)
+            else:
+                prompt = generator.chat_prompt(history, template=template)
+            pieces = []
+            stream = generator.stream(prompt, max_new_tokens=args.max_new_tokens, seed=args.seed)
+            try:
+                for piece in stream:
+                    pieces.append(piece)
+                    out.write(piece)
+                    out.flush()
+            except KeyboardInterrupt:  # Ctrl-C ends this answer (kept as far as it got), not the conversation
+                stream.close()
+                out.write(" [stopped]")
+            out.write("\n")
+            history.append({"role": "assistant", "content": "".join(pieces)})
+            if tools is None or not tools.answered(generator, history, given_in, out, interactive):
+                break
     return 0
