@@ -140,12 +140,15 @@ def _export_decoder(model: Any, text: Any, root: Path, out: Path, tokenizer: Any
     run_builder(text_dir, root, out)
 
 
-def run_builder(text_dir: Path, root: Path, out: Path) -> None:
+def run_builder(text_dir: Path, root: Path, out: Path, *, exclude_embeds: bool = True) -> None:
     """onnxruntime-genai's builder on the transformers folder ``text_dir`` with ``exclude_embeds=true`` (the decoder
-    takes inputs_embeds); its model.onnx, weights and genai_config.json copied into ``out``."""
+    takes inputs_embeds; false: token ids, the text model alone); its model.onnx, weights and genai_config.json copied
+    into ``out``."""
     decoder_dir = root / "decoder"
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(text_dir), "-o", str(decoder_dir)]
-    command += ["-p", "fp32", "-e", "cpu", "-c", str(root / "builder-cache"), "--extra_options", "exclude_embeds=true"]
+    command += ["-p", "fp32", "-e", "cpu", "-c", str(root / "builder-cache")]
+    if exclude_embeds:
+        command += ["--extra_options", "exclude_embeds=true"]
     done = subprocess.run(
         command, capture_output=True, text=True, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"}
     )

@@ -141,6 +141,48 @@ def prefilled(qwen: QwenVL, pictures: Sequence[Path]) -> tuple[Any, list[int]]:
     return row, ids
 
 
+@pytest.fixture(scope="module")
+def text_only(qwen_vl: QwenVL, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The builder's export of the same model without exclude_embeds: its text model alone (model.type
+    qwen2_5_vl_text), which takes token ids and M-RoPE position_ids."""
+    from decoctl.testing.vlm import run_builder
+
+    root = tmp_path_factory.mktemp("qwen-text")
+    out = root / "onnx"
+    out.mkdir()
+    run_builder(qwen_vl.hf, root, out, exclude_embeds=False)
+    shutil.copy(qwen_vl.onnx / "tokenizer.json", out)
+    shutil.copy(qwen_vl.onnx / "tokenizer_config.json", out)
+    return out
+
+
+def test_the_text_model_alone_runs_greedy_and_beam_equal_to_transformers(qwen_vl: QwenVL, text_only: Path) -> None:
+    import torch
+
+    greedy = Generator({"target": text_only}, "greedy", threads=1)
+    beam = Generator({"target": text_only}, "beam", options={"num_beams": 3, "num_return_sequences": 2}, threads=1)
+    prompt = "USER: say something ASSISTANT:"
+    ids = greedy.tokenizer.encode(prompt)
+
+    got = [list(greedy.generate(prompt, max_new_tokens=NEW).tokens)]
+    got += [list(c.tokens) for c in beam.generate(prompt, max_new_tokens=NEW).completions]
+
+    expected = []
+    for options in ({}, {"num_beams": 3, "num_return_sequences": 2}):
+        with torch.no_grad():
+            out = reference(qwen_vl.hf).generate(
+                input_ids=torch.tensor([ids]),
+                max_new_tokens=NEW,
+                do_sample=False,
+                eos_token_id=EOS_TOKEN_ID,
+                pad_token_id=PAD_TOKEN_ID,
+                **options,
+            )
+        rows = [row[len(ids) :].tolist() for row in out]
+        expected += [row[: row.index(EOS_TOKEN_ID) + 1] if EOS_TOKEN_ID in row else row for row in rows]
+    assert got == expected
+
+
 def test_the_rows_rotary_delta_is_transformers_rope_delta(qwen_vl: QwenVL, images: Path) -> None:
     import torch
     from PIL import Image
