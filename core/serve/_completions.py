@@ -374,9 +374,15 @@ class Completions:
                         for number, delta in enumerate(calls[index].feed(event.tokens) or [None]):
                             if delta is None and not event.logprobs:
                                 continue
-                            shown = event.logprobs if number == 0 else None
+                            # the step's logprobs and counts go once, with its first delta
+                            first = number == 0
                             yield answers.chunk(
-                                common, chat=chat, index=index, delta=delta, logprobs=shown, decoctl=extension
+                                common,
+                                chat=chat,
+                                index=index,
+                                delta=delta,
+                                logprobs=event.logprobs if first else None,
+                                decoctl=extension if first else None,
                             )
                         continue
                     yield answers.chunk(
