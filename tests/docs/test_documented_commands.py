@@ -717,6 +717,9 @@ NOT_RUN: dict[str, str] = {
         "--contenders "
         '"greedy,lookup=speculative(drafter=prompt-lookup),speculative,hf=hf(model=DIR),hf-assisted=hf-assisted(model=DIR;draft=DRAFT_DIR),hf-lookup=hf-lookup(model=DIR)"'
     ): (PLACEHOLDER.format("models and prompts (DIR, DRAFT_DIR, edits.jsonl)")),
+    "decoctl serve -m ./qwen2.5-0.5b-instruct": PLACEHOLDER.format("model (one whose template renders tools)"),
+    "decoctl serve -m ./my-model --tool-parser mistral": PLACEHOLDER.format("model"),
+    "decoctl chat -m ./qwen2.5-0.5b-instruct --tools tools.json": PLACEHOLDER.format("model and tools file"),
     "decoctl models enable-taps ./my-model ./my-model-taps --layers 2,16,29": PLACEHOLDER.format("model"),
     "decoctl models enable-taps ./my-model ./my-model-taps": PLACEHOLDER.format("model"),
     "decoctl eagle data --target ./my-model --out runs/data --prompts 3000 --new-tokens 256 --threads 2": (
