@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from decoctl.model._qwen_vl import VISION_INPUTS
 from decoctl.testing import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, build_tokenizer
 from decoctl.testing.vlm import export_embedding, missing, run_builder
 
@@ -43,14 +44,8 @@ IMAGE_MARK = f"{VISION_START}{IMAGE_PAD}{VISION_END}"
 """What a prompt holds where an image goes; decoctl expands the image pad to the image's merged patches."""
 MEAN = (0.48145466, 0.4578275, 0.40821073)
 STD = (0.26862954, 0.26130258, 0.27577711)
-VISION_NAMES = {
-    "pixel_values": "pixel_values",
-    "rotary_positions": "rotary_positions",
-    "window_index": "window_index",
-    "reverse_index": "reverse_index",
-    "window_attention_mask": "window_attention_mask",
-    "full_attention_mask": "full_attention_mask",
-}
+#: the vision graph's inputs (named as genai_config.json's vision section keys them)
+VISION_NAMES = {name: name for name in VISION_INPUTS}
 
 
 @attrs.frozen(kw_only=True)
