@@ -193,3 +193,21 @@ def test_a_function_name_openai_would_refuse_is_a_400(served: Served) -> None:
     bad = {"type": "function", "function": {"name": "no spaces allowed"}}
     param, _ = refused(served, {"messages": [QUESTION], "tools": [bad]})
     assert param == "tools.0.function.name"
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        {"controller": "speculative", "options": {"drafter": "prompt-lookup"}},
+        {"controller": "lookahead"},
+    ],
+)
+def test_a_drafting_controller_makes_greedys_call(served: Served, choice: dict[str, Any]) -> None:
+    greedy = served.client.chat.completions.create(model=MODEL, messages=[QUESTION], **REQUIRED)
+    drafted = served.client.chat.completions.create(
+        model=MODEL, messages=[QUESTION], extra_body={"decoctl": choice}, **REQUIRED
+    )
+    (call,), (twin,) = greedy.choices[0].message.tool_calls, drafted.choices[0].message.tool_calls
+    assert (twin.function.name, twin.function.arguments) == (call.function.name, call.function.arguments)
+    assert drafted.usage.completion_tokens == greedy.usage.completion_tokens
+    assert drafted.model_extra["decoctl"]["controller"] == choice["controller"]
