@@ -10,8 +10,8 @@ message, reason, note = plan.answer(tokenizer, finished.tokens, finished.finish_
 lets the model answer freely and constrains it only once it starts a call (decoctl.generation._tools' lazy grammar);
 "required" and a named function constrain the whole answer to calls that parse and validate against the tools'
 schemas. ``parallel_tool_calls`` false (or a family whose template renders one call per message) allows one call.
-A stream gives the content as it comes, holding back only what could be the start of a call; each call goes out
-whole once the answer ends, as OpenAI's chunks carry one: its id and name, then its arguments.
+A stream gives the content as it comes, holding back only what could be the start of a call, then each call as
+OpenAI streams one: its id and name as soon as they are read, then its arguments as the model writes them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ import attrs
 from decoctl.errors import ConfigError
 from decoctl.generation import ChatTemplate
 from decoctl.generation._tools import (
+    CallArguments,
+    CallName,
     CallStream,
+    StreamPiece,
     ToolCall,
     ToolFormat,
     check_tool_schema,
@@ -125,23 +128,22 @@ class ToolStream:
     def finish(self, tokens: Sequence[int], finish_reason: str) -> tuple[list[ChatDelta], str, ChoiceNote | None]:
         deltas = self._deltas(self._calls.finish(tokens))
         note = None if self._calls.error is None else ChoiceNote(tool_call_error=self._calls.error)
-        called = any(delta.tool_calls for delta in deltas)
-        return deltas, _called(finish_reason) if called else finish_reason, note
+        return deltas, _called(finish_reason) if self._calls.called else finish_reason, note
 
-    def _deltas(self, pieces: Sequence[str | ToolCall]) -> list[ChatDelta]:
-        deltas, index = [], 0
+    @staticmethod
+    def _deltas(pieces: Sequence[StreamPiece]) -> list[ChatDelta]:
+        deltas = []
         for piece in pieces:
             if isinstance(piece, str):
                 deltas.append(ChatDelta(content=piece))
-                continue
-            named = ToolCallDelta(
-                index=index, id=piece.id, type="function", function=FunctionDelta(name=piece.name, arguments="")
-            )
-            deltas.append(ChatDelta(tool_calls=[named]))
-            deltas.append(
-                ChatDelta(tool_calls=[ToolCallDelta(index=index, function=FunctionDelta(arguments=piece.arguments))])
-            )
-            index += 1
+            elif isinstance(piece, CallName):
+                function = FunctionDelta(name=piece.name, arguments="")
+                call = ToolCallDelta(index=piece.index, id=piece.id, type="function", function=function)
+                deltas.append(ChatDelta(tool_calls=[call]))
+            else:
+                assert isinstance(piece, CallArguments)
+                call = ToolCallDelta(index=piece.index, function=FunctionDelta(arguments=piece.text))
+                deltas.append(ChatDelta(tool_calls=[call]))
         return deltas
 
 

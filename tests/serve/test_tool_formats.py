@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,8 @@ from decoctl.errors import ConfigError
 from decoctl.generation import ChatTemplate, Generator
 from decoctl.generation._tools import (
     TOOL_FORMATS,
+    CallArguments,
+    CallName,
     CallStream,
     ToolCall,
     marked_text,
@@ -167,23 +170,66 @@ def test_mistral_call_ids_are_nine_letters_and_digits_as_its_template_insists() 
 FAMILY_OF = {family.tool_format: name for name, family in FAMILIES.items()}
 
 
+def streamed(fmt: str, tokenizer: Any, tokens: list[int]) -> tuple[CallStream, list[Any], list[Any]]:
+    """The pieces a CallStream gives token by token (``fed``) and at the end (``ended``)."""
+    stream = CallStream(TOOL_FORMATS[fmt], tokenizer, names=NAMES, new_id=lambda: "id")
+    fed: list[Any] = []
+    for token in tokens:
+        fed.extend(stream.feed([token]))
+    return stream, fed, stream.finish()
+
+
+def assembled(pieces: list[Any]) -> tuple[str, tuple[ToolCall, ...]]:
+    """The content and the calls that streamed pieces join to."""
+    calls: dict[int, ToolCall] = {}
+    for piece in pieces:
+        if isinstance(piece, CallName):
+            calls[piece.index] = ToolCall(id=piece.id, name=piece.name, arguments="")
+        elif isinstance(piece, CallArguments):
+            call = calls[piece.index]
+            calls[piece.index] = attrs.evolve(call, arguments=call.arguments + piece.text)
+    return "".join(p for p in pieces if isinstance(p, str)), tuple(calls.values())
+
+
 @pytest.mark.parametrize("fmt", sorted(ANSWERS))
-@pytest.mark.parametrize("cut", [0, 6])
+@pytest.mark.parametrize("cut", [0, 6, 20])
 def test_a_streamed_answer_gives_what_the_whole_answer_gives(fmt: str, cut: int, models: dict[str, Any]) -> None:
     tokenizer = models[FAMILY_OF[fmt]].tokenizer
     text = ANSWERS[fmt] if not cut else ANSWERS[fmt][:-cut]
     tokens = _tokens(tokenizer, text, TOOL_FORMATS[fmt])
     assert marked_text(tokenizer, tokens, TOOL_FORMATS[fmt]) == text
-    stream = CallStream(TOOL_FORMATS[fmt], tokenizer, names=NAMES, new_id=lambda: "id")
-    pieces: list[Any] = []
-    for token in tokens:
-        pieces.extend(stream.feed([token]))
-    pieces.extend(stream.finish())
+    stream, fed, ended = streamed(fmt, tokenizer, tokens)
     whole = parse_answer(TOOL_FORMATS[fmt], text, names=NAMES, new_id=lambda: "id")
-    content = "".join(p for p in pieces if isinstance(p, str))
-    assert (content or None) == whole.content
-    assert tuple(p for p in pieces if isinstance(p, ToolCall)) == whole.calls
+    content, calls = assembled(fed + ended)
     assert stream.error == whole.error
+    if whole.error is None:
+        assert (content or None) == whole.content and calls == whole.calls
+        assert stream.called
+    else:  # a call cut short: what went out of it stays out, the rest of the text too when none did
+        assert not stream.called
+        if not calls:
+            assert content == whole.content
+
+
+@pytest.mark.parametrize("fmt", sorted(ANSWERS))
+def test_a_streamed_call_gives_its_name_then_its_arguments_as_they_are_written(
+    fmt: str, models: dict[str, Any]
+) -> None:
+    tokenizer = models[FAMILY_OF[fmt]].tokenizer
+    _, fed, ended = streamed(fmt, tokenizer, _tokens(tokenizer, ANSWERS[fmt], TOOL_FORMATS[fmt]))
+    first = [p for p in fed if isinstance(p, CallName | CallArguments) and p.index == 0]
+    assert isinstance(first[0], CallName) and first[0].name == "get_weather"
+    assert sum(isinstance(p, CallArguments) for p in first) >= 3  # token by token, before the answer ended
+    assert not any(isinstance(p, CallName) for p in ended)
+
+
+def test_arguments_are_the_text_the_model_wrote() -> None:
+    text = '<tool_call>\n{"name": "get_time", "arguments": {"zone":"CET" , "n": 1.50}}\n</tool_call>'
+    (call,) = parse_answer(TOOL_FORMATS["hermes"], text).calls
+    assert call.arguments == '{"zone":"CET" , "n": 1.50}'
+    quoted = '<tool_call>\n{"name": "get_time", "arguments": "{\\"zone\\": \\"CET\\"}"}\n</tool_call>'
+    (call,) = parse_answer(TOOL_FORMATS["hermes"], quoted).calls
+    assert call.arguments == '{"zone": "CET"}'
 
 
 def test_a_stream_holds_back_only_what_could_start_a_call(models: dict[str, Any]) -> None:
