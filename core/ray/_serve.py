@@ -66,6 +66,7 @@ REPLICA_ARGS: dict[str, tuple[type, Any]] = {
     "deterministic": (bool, False),
     "max_images": (int, MAX_IMAGES),
     "max_image_pixels": (int, MAX_PIXELS),
+    "tool_parser": (str, None),
 }
 #: build_app's arguments about the deployment rather than a replica
 DEPLOYMENT_ARGS: dict[str, tuple[type, Any]] = {
@@ -111,6 +112,7 @@ class Replica:
             api_key=config.get("api_key"),
             max_images=config.get("max_images", MAX_IMAGES),
             max_image_pixels=config.get("max_image_pixels", MAX_PIXELS),
+            tool_parser=config.get("tool_parser"),
         )
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -303,6 +305,7 @@ def run_replicas(args: argparse.Namespace, registry: PluginRegistry) -> int:
             deterministic=args.deterministic,
             max_images=args.max_images,
             max_image_pixels=args.max_image_pixels,
+            tool_parser=args.tool_parser,
             replicas=replicas,
             autoscaling=autoscaling,
         )

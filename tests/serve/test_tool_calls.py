@@ -211,3 +211,38 @@ def test_a_drafting_controller_makes_greedys_call(served: Served, choice: dict[s
     assert (twin.function.name, twin.function.arguments) == (call.function.name, call.function.arguments)
     assert drafted.usage.completion_tokens == greedy.usage.completion_tokens
     assert drafted.model_extra["decoctl"]["controller"] == choice["controller"]
+
+
+def test_a_tool_parser_that_names_no_format_is_refused_at_start(served: Served) -> None:
+    from decoctl.errors import ConfigError
+    from decoctl.serve._app import create_app
+    from decoctl.serve._engine import Engine
+
+    engine = Engine({"target": load_model(served.folder, name=MODEL)}, registry=plugin_registry(), max_rows=1)
+    with pytest.raises(ConfigError, match="--tool-parser 'pythonic' is not a tool-call format"):
+        create_app(engine, model_name=MODEL, tool_parser="pythonic")
+
+
+def test_auto_constrains_the_answer_once_the_model_starts_a_call(served: Served) -> None:
+    from tokenizers import Tokenizer
+
+    from decoctl.generation import TOOL_FORMATS
+
+    fmt = TOOL_FORMATS[FAMILIES[served.name].tool_format]
+    if not fmt.anywhere:
+        pytest.skip(f"{fmt.name}'s trigger is text that opens the answer, not one token a bias can start")
+    trigger = Tokenizer.from_file(str(served.folder / "tokenizer.json")).token_to_id(fmt.trigger)
+    # the bias makes the model start a call at once; from there the lazy grammar holds it to a whole call
+    answer = served.client.chat.completions.create(
+        model=MODEL,
+        messages=[QUESTION],
+        tools=TOOLS,
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=160,
+        logit_bias={str(trigger): 100},
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
