@@ -29,6 +29,7 @@ from decoctl.generation._tools import (
     tool_format_for,
     tool_grammar,
 )
+from decoctl.testing import build_eagle_head
 
 from .conftest import plugin_registry
 from .tool_families import FAMILIES, TOOLS, conversation, model_folder
@@ -43,7 +44,17 @@ QUESTION = [{"role": "user", "content": "What is the weather in Oslo?"}]
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tool-families")
-    return {name: model_folder(root / name, family) for name, family in FAMILIES.items()}
+    return {name: model_folder(root / name, family, hidden_states=True) for name, family in FAMILIES.items()}
+
+
+@pytest.fixture(scope="module")
+def heads(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """An EAGLE head per family's model (one that imitates the target's first layer: its drafts are often right)."""
+    root = tmp_path_factory.mktemp("tool-heads")
+    return {
+        name: build_eagle_head(root / name, folder, copy_layer=0, feature_mix=0.1, tree_inputs=True)
+        for name, folder in folders.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -257,15 +268,18 @@ CONTROLLERS = [
     ("speculative", {"drafter": "prompt-lookup"}),
     ("speculative", {"drafter": "draft-model"}),
     ("lookahead", {}),
+    ("eagle", {"drafting": "chain"}),
+    ("eagle", {"drafting": "tree", "depth": 3, "topk": 2, "nodes": 6}),
 ]
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 @pytest.mark.parametrize("choice", ["required", "get_time", "auto"])
 def test_a_constrained_answer_is_greedys_own_under_every_drafting_controller(
-    name: str, choice: str, folders: dict[str, Path], models: dict[str, Any]
+    name: str, choice: str, folders: dict[str, Path], models: dict[str, Any], heads: dict[str, Path]
 ) -> None:
     registry = plugin_registry()
+    registry.register(pytest.importorskip("decoctl_eagle.plugin"), "eagle")
     model = models[name]
     fmt = tool_format_for(FAMILIES[name].template)
     lark = tool_grammar(fmt, TOOLS, choice=choice, parallel=False, token_id=model.tokenizer.token_to_id)
@@ -275,10 +289,15 @@ def test_a_constrained_answer_is_greedys_own_under_every_drafting_controller(
         roles = {"target": model}
         if options.get("drafter") == "draft-model":
             roles["draft"] = model  # the target's own weights: its drafts are accepted until the grammar forbids one
+        if controller == "eagle":
+            roles["eagle"] = heads[name]
         generator = Generator(
             roles, controller, options=options, processors=[{"name": "grammar", "lark": lark}], registry=registry
         )
-        answers.append(generator.generate(prompt, max_new_tokens=96).tokens)
+        result = generator.generate(prompt, max_new_tokens=96)
+        answers.append(result.tokens)
+        if controller != "greedy":  # drafts were accepted: the grammar ran over drafted rows, not only the target's
+            assert result.stats.tokens_per_target_forward > 1.0, (controller, options)
     assert all(tokens == answers[0] for tokens in answers[1:])
     if choice != "auto":
         answer = parse_answer(fmt, marked_text(model.tokenizer, answers[0], fmt), names=NAMES)

@@ -448,10 +448,10 @@ def conversation(family: Family) -> list[dict[str, Any]]:
     ]
 
 
-def model_folder(folder: Path, family: Family, *, seed: int = 5, vocab: int = 512) -> Path:
+def model_folder(folder: Path, family: Family, *, seed: int = 5, vocab: int = 512, hidden_states: bool = False) -> Path:
     """A tiny genai model whose tokenizer has ``family``'s tokens (after the testing tokenizer's 384), with the
-    family's template and its BOS and EOS (the model's EOS too)."""
-    build_genai_model(folder, seed=seed, vocab=vocab, max_length=2048, tree_inputs=True)
+    family's template and its BOS and EOS (the model's EOS too); ``hidden_states``: the output an EAGLE head reads."""
+    build_genai_model(folder, seed=seed, vocab=vocab, max_length=2048, tree_inputs=True, hidden_states=hidden_states)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in family.special])
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in family.plain])
