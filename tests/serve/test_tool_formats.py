@@ -85,6 +85,19 @@ def test_a_question_with_tools_renders_to_transformers_token_ids(name: str, fold
     assert ours != ChatTemplate.from_folder(folders[name]).encode(QUESTION)  # the tools are in the prompt
 
 
+@pytest.mark.parametrize("variables", [{}, {"enable_thinking": False}])
+def test_qwen3_reasoning_and_its_thinking_switch_render_to_transformers_token_ids(
+    variables: dict[str, Any], folders: dict[str, Path]
+) -> None:
+    messages = [
+        *template_messages(conversation(FAMILIES["qwen3"])),
+        {"role": "assistant", "content": "<think>\nIt is cold there.\n</think>\n\nIt is 3 degrees in Oslo."},
+        {"role": "user", "content": "And in Lima?"},
+    ]
+    ours = ChatTemplate.from_folder(folders["qwen3"]).encode(messages, tools=TOOLS, **variables)
+    assert ours == transformers_ids(folders["qwen3"], messages, tools=TOOLS, **variables)
+
+
 def test_call_arguments_given_as_json_text_reach_the_template_as_objects() -> None:
     messages = template_messages(conversation(FAMILIES["qwen2.5"]))
     assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo", "unit": "celsius"}
