@@ -6,8 +6,9 @@ prompts finish). ``generate``/``stream`` are its one-shot forms.
 
 Private modules: ``_generator`` (the Generator), ``_opening`` (a choice checked and a request opened into its host
 and controller, for the Generator and the server's engine), ``_results`` (what a generation gives back), ``_batch``
-(batched prompts and prompt files), ``_chat_template`` (chat templates in jinja2's sandbox), ``_tools`` (tool calls
-in a template family's format: read from answers, and the grammar that constrains them).
+(batched prompts and prompt files), ``_chat_template`` (chat templates in jinja2's sandbox), ``_tool_formats``,
+``_tool_answers`` and ``_tool_grammar`` (tool calls in a template family's format, read from answers, and the grammar
+that constrains them).
 """
 
 from __future__ import annotations
@@ -30,15 +31,9 @@ if TYPE_CHECKING:
     from decoctl.generation._chat_template import CHAT_TEMPLATE_FILE, ChatPrompt, ChatTemplate, encode_prompt
     from decoctl.generation._generator import Generator, generate, stream
     from decoctl.generation._results import Completion, GenerationResult, GenerationStats
-    from decoctl.generation._tools import (
-        TOOL_FORMATS,
-        ParsedAnswer,
-        ToolCall,
-        ToolFormat,
-        parse_answer,
-        tool_format_for,
-        tool_grammar,
-    )
+    from decoctl.generation._tool_answers import ParsedAnswer, ToolCall, parse_answer
+    from decoctl.generation._tool_formats import TOOL_FORMATS, ToolFormat, tool_format_for
+    from decoctl.generation._tool_grammar import tool_grammar
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -60,18 +55,9 @@ _EXPORTS = {
     **dict.fromkeys(
         ("CHAT_TEMPLATE_FILE", "ChatPrompt", "ChatTemplate", "encode_prompt"), "decoctl.generation._chat_template"
     ),
-    **dict.fromkeys(
-        (
-            "TOOL_FORMATS",
-            "ParsedAnswer",
-            "ToolCall",
-            "ToolFormat",
-            "parse_answer",
-            "tool_format_for",
-            "tool_grammar",
-        ),
-        "decoctl.generation._tools",
-    ),
+    **dict.fromkeys(("ParsedAnswer", "ToolCall", "parse_answer"), "decoctl.generation._tool_answers"),
+    **dict.fromkeys(("TOOL_FORMATS", "ToolFormat", "tool_format_for"), "decoctl.generation._tool_formats"),
+    "tool_grammar": "decoctl.generation._tool_grammar",
 }
 
 __all__ = [

@@ -30,7 +30,8 @@ from decoctl.generation._batch import BatchPrompt, BatchSlot, one_at_a_time, run
 from decoctl.generation._chat_template import ChatPrompt, ChatTemplate, encode_prompt
 from decoctl.generation._opening import check_choice, check_models, make_controller, open_host
 from decoctl.generation._results import GenerationResult, GenerationStats
-from decoctl.generation._tools import marked_text, parse_answer, template_messages, tool_format_for
+from decoctl.generation._tool_answers import marked_text, parse_answer
+from decoctl.generation._tool_formats import template_messages, tool_format_for
 from decoctl.host import ForwardSizes, Host, Output, Rows, Sequence, role_flag
 from decoctl.importers._registry import role_defaults
 from decoctl.logs import get_logger

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from decoctl.generation._tools import ToolCall
+from decoctl.generation._tool_answers import ToolCall
 from decoctl.host import ForwardSizes, Host
 
 __all__ = ["Completion", "GenerationResult", "GenerationStats"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from decoctl.errors import ConfigError
-from decoctl.generation._tools import TOOL_FORMATS
+from decoctl.generation._tool_formats import TOOL_FORMATS
 from decoctl.model._image_processor import MAX_IMAGES, MAX_PIXELS
 from decoctl.plugins import PluginRegistry
 from decoctl.serve._join_rule import PREFILL_SHARE, JoinRule

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from decoctl.errors import ConfigError
 from decoctl.generation import ChatTemplate
-from decoctl.generation._tools import tool_format_for
+from decoctl.generation._tool_formats import tool_format_for
 from decoctl.model._vision import ImageFeatures
 from decoctl.serve._answers import Answers
 from decoctl.serve._edge import Edge, Refusal, image_bytes

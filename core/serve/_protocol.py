@@ -78,7 +78,7 @@ FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 class FunctionDef(_Strict):
     name: Annotated[str, Field(pattern=FUNCTION_NAME)]
     description: str | None = None
-    #: a JSON schema of the arguments' object (decoctl.generation._tools.check_tool_schema checks it)
+    #: a JSON schema of the arguments' object (decoctl.generation._tool_grammar.check_tool_schema checks it)
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 

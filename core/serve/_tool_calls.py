@@ -23,20 +23,17 @@ import attrs
 
 from decoctl.errors import ConfigError
 from decoctl.generation import ChatTemplate
-from decoctl.generation._tools import (
+from decoctl.generation._tool_answers import (
     CallArguments,
     CallName,
     CallStream,
     StreamPiece,
     ToolCall,
-    ToolFormat,
-    check_tool_schema,
     marked_text,
     parse_answer,
-    template_messages,
-    tool_format_for,
-    tool_grammar,
 )
+from decoctl.generation._tool_formats import ToolFormat, template_messages, tool_format_for
+from decoctl.generation._tool_grammar import check_tool_schema, tool_grammar
 from decoctl.serve._protocol import (
     AssistantMessage,
     CalledFunctionOut,

@@ -17,16 +17,9 @@ import attrs
 
 from decoctl.errors import ConfigError
 from decoctl.generation import ChatTemplate, Generator
-from decoctl.generation._tools import (
-    ToolCall,
-    ToolFormat,
-    check_tool_schema,
-    marked_text,
-    parse_answer,
-    template_messages,
-    tool_format_for,
-    tool_grammar,
-)
+from decoctl.generation._tool_answers import ToolCall, marked_text, parse_answer
+from decoctl.generation._tool_formats import ToolFormat, template_messages, tool_format_for
+from decoctl.generation._tool_grammar import check_tool_schema, tool_grammar
 
 __all__ = ["ToolChat", "read_tools"]
 

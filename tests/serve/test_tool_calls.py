@@ -17,7 +17,7 @@ import pytest
 
 from decoctl import load_model
 from decoctl.generation import ChatTemplate
-from decoctl.generation._tools import template_messages
+from decoctl.generation._tool_formats import template_messages
 
 from .conftest import API_KEY, MODEL, openai, plugin_registry, start_server
 from .tool_families import FAMILIES, TOOLS, model_folder

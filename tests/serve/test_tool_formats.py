@@ -17,18 +17,9 @@ from hypothesis import strategies as st
 from decoctl import load_model
 from decoctl.errors import ConfigError
 from decoctl.generation import ChatTemplate, Generator
-from decoctl.generation._tools import (
-    TOOL_FORMATS,
-    CallArguments,
-    CallName,
-    CallStream,
-    ToolCall,
-    marked_text,
-    parse_answer,
-    template_messages,
-    tool_format_for,
-    tool_grammar,
-)
+from decoctl.generation._tool_answers import CallArguments, CallName, CallStream, ToolCall, marked_text, parse_answer
+from decoctl.generation._tool_formats import TOOL_FORMATS, template_messages, tool_format_for
+from decoctl.generation._tool_grammar import tool_grammar
 from decoctl.testing import build_eagle_head
 
 from .conftest import plugin_registry

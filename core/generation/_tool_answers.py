@@ -1,282 +1,36 @@
-"""Tool calls in a model's own format: which format a chat template's family writes, the calls read out of
-generated text (whole or as it streams), and the grammar that makes a model write them.
+"""Tool calls read out of answers: whole (``parse_answer``) or as they stream (``CallStream``), in a family's format
+(decoctl.generation._tool_formats).
 
-fmt = tool_format_for(template)                      # from the template's text, or tool_format_for(template, "hermes")
 answer = parse_answer(fmt, text, names={"get_weather"})   # ParsedAnswer: content, calls, error
-lark = tool_grammar(fmt, tools, choice="required", parallel=True, token_id=tokenizer.token_to_id)
-
-The formats (the same names as vLLM's parsers where they agree):
-
-- ``hermes`` (Qwen 2.5, Qwen 3, Hermes 2 Pro): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
-  one block per call, after any text;
-- ``llama3_json`` (Llama 3.1, 3.2, 3.3): the answer is ``{"name": ..., "parameters": {...}}`` and nothing else;
-- ``mistral`` (Mistral 7B v0.3, Mistral Nemo): ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`` after any text;
-- ``granite`` (Granite 3): ``<|tool_call|>[{"name": ..., "arguments": {...}}, ...]`` after any text.
+text = marked_text(tokenizer, tokens, fmt)                # the answer's text with the format's special-token markers
 
 Output that starts a call (its marker) but does not parse into calls of the given tools is not a call: it is the
 answer's content, and ``ParsedAnswer.error`` says why. A marker that is one special token of the tokenizer is left
-out of decoded text, so calls are read from the tokens (``marked_text`` decodes them with the markers kept).
-
-The grammar is llguidance's Lark (the logits chain's ``grammar`` processor runs it): each call's JSON is a
-``%json`` schema (the function's name as a constant, its parameters' schema for the arguments), markers that are one
-token of the tokenizer are that token (``<[id]>``). ``required`` and a named function make the whole answer calls;
-``auto`` lets the model write text freely until it writes the format's marker, and from there on only calls (a lazy
-grammar: the marker is its trigger).
+out of decoded text, so calls are read from the tokens. A call's arguments are the text the model wrote for them.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import secrets
-import string
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from decoctl.errors import ConfigError
+from decoctl.generation._tool_formats import ToolFormat, new_call_id
 
 __all__ = [
-    "TOOL_FORMATS",
     "CallArguments",
     "CallName",
     "CallStream",
     "ParsedAnswer",
+    "StreamPiece",
     "ToolCall",
-    "ToolFormat",
-    "check_tool_schema",
     "marked_text",
-    "new_call_id",
     "parse_answer",
-    "template_messages",
-    "tool_format_for",
-    "tool_grammar",
 ]
 
-#: JSON as the templates write it (``tojson``): ", " and ": " between items, no other whitespace
-_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
-
-@attrs.frozen(kw_only=True)
-class ToolFormat:
-    """How one template family writes tool calls.
-
-    ``trigger``: the text that starts the calls; ``anywhere``: whether calls may follow text (else the answer is
-    calls from its start); ``opener``/``closer``: markers around each call (hermes) or before the calls' list;
-    ``listed``: the calls are one JSON array after ``opener`` (``array_prefix`` between them); ``arguments_key``:
-    the key of a call's arguments; ``parallel``: whether the family's template renders several calls in one
-    message; ``id_length``: the length of the alphanumeric call ids its template insists on (None: OpenAI's
-    ``call_...``); ``marks``: template text that identifies the family; ``markers``: the marker strings that may be
-    special tokens (kept when calls are read from tokens)."""
-
-    name: str
-    families: str
-    trigger: str
-    anywhere: bool
-    opener: str
-    closer: str
-    listed: bool
-    array_prefix: str = ""
-    separator: str = ""
-    arguments_key: str = "arguments"
-    parallel: bool = True
-    id_length: int | None = None
-    marks: tuple[str, ...]
-    markers: tuple[str, ...]
-
-
-TOOL_FORMATS: Mapping[str, ToolFormat] = {
-    fmt.name: fmt
-    for fmt in (
-        ToolFormat(
-            name="hermes",
-            families="Qwen 2.5, Qwen 3, Hermes 2 Pro",
-            trigger="<tool_call>",
-            anywhere=True,
-            opener="<tool_call>",
-            closer="</tool_call>",
-            listed=False,
-            separator="\n",
-            marks=("<tool_call>",),
-            markers=("<tool_call>", "</tool_call>"),
-        ),
-        ToolFormat(
-            name="mistral",
-            families="Mistral 7B v0.3, Mistral Nemo",
-            trigger="[TOOL_CALLS]",
-            anywhere=True,
-            opener="[TOOL_CALLS]",
-            closer="",
-            listed=True,
-            array_prefix=" ",
-            id_length=9,
-            marks=("[TOOL_CALLS]",),
-            markers=("[TOOL_CALLS]",),
-        ),
-        ToolFormat(
-            name="granite",
-            families="Granite 3",
-            trigger="<|tool_call|>",
-            anywhere=True,
-            opener="<|tool_call|>",
-            closer="",
-            listed=True,
-            marks=("<|tool_call|>",),
-            markers=("<|tool_call|>",),
-        ),
-        ToolFormat(
-            name="llama3_json",
-            families="Llama 3.1, 3.2, 3.3",
-            trigger='{"name"',
-            anywhere=False,
-            opener="",
-            closer="",
-            listed=False,
-            arguments_key="parameters",
-            parallel=False,
-            marks=("<|python_tag|>", '"parameters"'),
-            markers=("<|python_tag|>",),
-        ),
-    )
-}
-"""The tool-call formats by name (``--tool-parser``): hermes, mistral, granite, llama3_json."""
-
-
-def tool_format_for(template_source: str, name: str | None = None, *, origin: str = "the chat template") -> ToolFormat:
-    """The tool-call format ``name`` (``--tool-parser``), else the one whose marks the template's text holds.
-    ConfigError naming the formats when ``name`` is unknown, when the template renders no tools, or when no family's
-    marks are in it."""
-    if name is not None:
-        fmt = TOOL_FORMATS.get(name.strip().lower().replace("-", "_"))
-        if fmt is None:
-            raise ConfigError(f"--tool-parser {name!r} is not a tool-call format: use one of {', '.join(TOOL_FORMATS)}")
-        return fmt
-    if "tools" not in template_source:
-        raise ConfigError(
-            f"{origin} never uses the variable 'tools', so the model would not see the tools: start the server with "
-            "--chat-template FILE, a template of the model's family that renders them"
-        )
-    for fmt in TOOL_FORMATS.values():
-        if all(mark in template_source for mark in fmt.marks):
-            return fmt
-    raise ConfigError(
-        f"{origin} writes tool calls in no format decoctl knows by its text: name the model's format with "
-        f"--tool-parser ({', '.join(TOOL_FORMATS)})"
-    )
-
-
-def new_call_id(fmt: ToolFormat) -> str:
-    """A fresh call id: OpenAI's ``call_`` and 24 hex digits, or ``id_length`` letters and digits where the family's
-    template insists on them (Mistral's nine)."""
-    if fmt.id_length is None:
-        return "call_" + secrets.token_hex(12)
-    alphabet = string.ascii_letters + string.digits
-    return "".join(secrets.choice(alphabet) for _ in range(fmt.id_length))
-
-
-# -- schemas and grammars -------------------------------------------------------------------------------------------
-def check_tool_schema(parameters: Any) -> dict[str, Any]:
-    """A function's ``parameters``: a JSON schema of an object (a missing one: any object) that llguidance compiles.
-    ConfigError saying what is wrong (the caller names the field)."""
-    if parameters is None:
-        return {"type": "object"}
-    if not isinstance(parameters, Mapping):
-        raise ConfigError(f"a function's parameters are a JSON schema object, not {type(parameters).__name__}")
-    schema = dict(parameters)
-    kind = schema.get("type", "object")
-    if kind != "object":
-        raise ConfigError(f'a function\'s parameters describe an object ("type": "object"), not {kind!r}')
-    properties = schema.get("properties", {})
-    if not isinstance(properties, Mapping) or not all(isinstance(v, Mapping | bool) for v in properties.values()):
-        raise ConfigError('"properties" must be an object mapping each parameter to its schema')
-    required = schema.get("required", [])
-    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-        raise ConfigError('"required" must be a list of parameter names')
-    try:
-        import llguidance
-    except ImportError:
-        return schema  # nothing compiles it here; a constrained request is refused by the chain, naming the extra
-    try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema({**schema, "x-guidance": _JSON_STYLE})
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"the schema does not compile ({exc})") from None
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    if is_error:
-        raise ConfigError(f"the schema does not compile: {messages[0].strip()}")
-    return schema
-
-
-def _call_schema(fmt: ToolFormat, tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    options = []
-    for tool in tools:
-        function = tool["function"]
-        parameters = check_tool_schema(function.get("parameters"))
-        options.append(
-            {
-                "type": "object",
-                "properties": {"name": {"const": function["name"]}, fmt.arguments_key: parameters},
-                "required": ["name", fmt.arguments_key],
-                "additionalProperties": False,
-            }
-        )
-    return options[0] if len(options) == 1 else {"anyOf": options}
-
-
-def _literal(text: str, token_id: Callable[[str], int | None]) -> str:
-    """A marker in Lark: the tokenizer's one token for it, else its text."""
-    ident = token_id(text)
-    return f"<[{ident}]>" if ident is not None else json.dumps(text)
-
-
-def _excluding(trigger: str, anywhere: bool) -> str:
-    """A Lark lexeme: any text without ``trigger`` (``anywhere``) or not starting with it."""
-    escaped = re.escape(trigger).replace("/", "\\/").replace('"', '\\"')
-    if anywhere:
-        return f"/(.|\\n)*/ & ~/(.|\\n)*{escaped}(.|\\n)*/"
-    return f"/(.|\\n)*/ & ~/[ \\t\\r\\n]*{escaped}(.|\\n)*/"
-
-
-def tool_grammar(
-    fmt: ToolFormat,
-    tools: Sequence[Mapping[str, Any]],
-    *,
-    choice: str,
-    parallel: bool,
-    token_id: Callable[[str], int | None],
-) -> str:
-    """llguidance Lark for answers to ``tools`` (OpenAI's ``{"type": "function", "function": {...}}``) in ``fmt``.
-
-    ``choice``: "required" (the answer is one call or, with ``parallel``, several, of any of the tools), "auto"
-    (free text, and once the model writes the format's trigger only calls) or a function's name (a call of it).
-    ``token_id``: the tokenizer's id for a text that is one token, else None."""
-    if choice not in ("required", "auto"):
-        parallel = False  # a named function is called once, as OpenAI calls it
-        tools = [tool for tool in tools if tool["function"]["name"] == choice]
-        if not tools:
-            raise ConfigError(f"tool_choice names {choice!r}, which is not one of the request's tools")
-    schema = {**_call_schema(fmt, tools), "x-guidance": _JSON_STYLE}
-    several = parallel and fmt.parallel
-    call_json = "%json " + json.dumps(schema)
-    if fmt.listed:
-        array = {"type": "array", "items": schema, "minItems": 1, "x-guidance": _JSON_STYLE}
-        if not several:
-            array["maxItems"] = 1
-        calls = f"{_literal(fmt.opener, token_id)} {json.dumps(fmt.array_prefix)} %json {json.dumps(array)}"
-        calls = calls.replace(' "" ', " ")
-    elif fmt.opener:
-        one = f'{_literal(fmt.opener, token_id)} "\\n" {call_json} "\\n" {_literal(fmt.closer, token_id)}'
-        calls = f"call ({json.dumps(fmt.separator)} call)*" if several else "call"
-        calls = f"{calls}\ncall: {one}"
-    else:
-        calls = call_json
-    if choice == "auto":
-        start = "start: TEXT calls?" if fmt.anywhere else "start: TEXT | calls"
-        return f"{start}\ncalls: {calls}\nTEXT: {_excluding(fmt.trigger, fmt.anywhere)}\n"
-    return f"start: calls\ncalls: {calls}\n"
-
-
-# -- reading calls ------------------------------------------------------------------------------------------------
 @attrs.frozen(kw_only=True)
 class ToolCall:
     """One call: its id, the function's name and its arguments as JSON text (OpenAI's ``function.arguments``)."""
@@ -662,33 +416,3 @@ class CallStream:
             return []
         piece, self._sent = text[self._sent : upto], upto
         return [piece]
-
-
-def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI's messages as chat templates take them (transformers' convention): each call's ``arguments`` JSON text
-    as the object it encodes. ConfigError naming the message for arguments that are not a JSON object."""
-    converted = []
-    for index, message in enumerate(messages):
-        item = dict(message)
-        calls = item.get("tool_calls")
-        if calls:
-            item["tool_calls"] = [_template_call(index, number, call) for number, call in enumerate(calls)]
-        converted.append(item)
-    return converted
-
-
-def _template_call(index: int, number: int, call: Mapping[str, Any]) -> dict[str, Any]:
-    function = dict(call.get("function") or {})
-    arguments = function.get("arguments")
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            arguments = None
-        if not isinstance(arguments, dict):
-            raise ConfigError(
-                f"messages[{index}].tool_calls[{number}].function.arguments is not a JSON object's text: send the "
-                "arguments as the call gave them"
-            )
-        function["arguments"] = arguments
-    return {**call, "function": function}
