@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from decoctl import ControllerError, Generator, ProcessContext
+from decoctl import ConfigError, ControllerError, Generator, ProcessContext
 from decoctl.model import Tokenizer
 from decoctl.plugins import PluginRegistry
 from decoctl.testing import EOS_TOKEN_ID
@@ -76,6 +76,26 @@ def test_a_row_after_a_drafted_token_the_grammar_rejects_is_fully_masked(regex: 
     assert rows[1] == set() and rows[2] == set()
     assert rows[3] == {t for t in rows[3] if re.fullmatch(r"b([0-9]{0,2})", tokenizer.decode([t]))}
     assert rows[3]
+
+
+def test_the_chain_takes_a_drafted_row_the_grammar_masks_after_a_rejected_token(
+    build: Any, tokenizer: Tokenizer
+) -> None:
+    chain = build([{"name": "grammar", "regex": REGEX}])
+    bad, good = ids(tokenizer, "b"), ids(tokenizer, "a")
+    rows = np.zeros((3, VOCAB), np.float32)
+    paths = [[], bad, good]  # no verifier reaches the row after "b": the first row gives "b" no probability
+    out = chain(rows, context(tokenizer, paths))
+    assert np.all(out[1] == -np.inf) and np.any(out[2] > -np.inf)
+    assert chain.argmax(np.zeros((3, VOCAB), np.float32), context(tokenizer, paths))[2] in set(
+        np.flatnonzero(out[2] > -np.inf)
+    )
+
+
+def test_the_chain_refuses_a_row_a_verifier_could_reach_with_no_token(build: Any, tokenizer: Tokenizer) -> None:
+    chain = build([{"name": "grammar", "regex": "a"}, {"name": "grammar", "regex": "b"}])
+    with pytest.raises(ConfigError, match="left row 0 no token it allows"):
+        chain(np.zeros((1, VOCAB), np.float32), context(tokenizer))
 
 
 def test_a_complete_match_allows_only_eos(regex: Any, tokenizer: Tokenizer) -> None:
