@@ -294,7 +294,8 @@ class Generator:
         prompt = chosen.prompt(template_messages(messages), tools=list(tools))
         result = self.generate(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
         names = {str(tool["function"]["name"]) for tool in tools}
-        answer = parse_answer(fmt, marked_text(self.models["target"].tokenizer, result.tokens, fmt), names=names)
+        text = marked_text(self.models["target"].tokenizer, result.tokens, fmt, result.text)
+        answer = parse_answer(fmt, text, names=names)
         return attrs.evolve(result, tool_calls=answer.calls, tool_call_error=answer.error)
 
     # -- running ----------------------------------------------------------------------------------------

@@ -268,9 +268,20 @@ def parse_answer(
     return ParsedAnswer(content=before or None, calls=calls)
 
 
-def marked_text(tokenizer: Any, tokens: Sequence[int], fmt: ToolFormat) -> str:
+def marked_text(tokenizer: Any, tokens: Sequence[int], fmt: ToolFormat, text: str | None = None) -> str:
     """``tokens`` decoded (special tokens left out, as the answer's text is) with the format's markers kept where
-    they are one special token."""
+    they are one special token. ``text``: the answer's text as its generation gave it, where a stop string may have
+    cut the tokens' text short: the marked text ends where it ends."""
+    marked = _marked(tokenizer, tokens, fmt)
+    if text is None:
+        return marked
+    plain: str = tokenizer.decode(list(tokens))
+    if plain != text and plain.startswith(text):  # what a stop string took from the end
+        return marked[: len(marked) - (len(plain) - len(text))]
+    return marked
+
+
+def _marked(tokenizer: Any, tokens: Sequence[int], fmt: ToolFormat) -> str:
     marks = {}
     for marker in fmt.markers:
         ident = tokenizer.token_to_id(marker)
@@ -335,25 +346,31 @@ class CallStream:
         self._scanner = _Scanner(fmt)
         self._ids: list[str] = []  # the announced calls' ids
         self._given: list[int] = []  # how much of each announced call's arguments went out
+        self._shown: int | None = None  # how much text the generation gave, where the caller says
         self.error: str | None = None
 
-    def feed(self, tokens: Sequence[int]) -> list[StreamPiece]:
+    def feed(self, tokens: Sequence[int], text: str | None = None) -> list[StreamPiece]:
+        """``text``: the text the generation gave with these tokens (it holds back what a stop string may claim):
+        content never runs ahead of it."""
         self._tokens.extend(int(t) for t in tokens)
-        text = marked_text(self._tokenizer, self._tokens, self._fmt).rstrip("\ufffd")  # a character's first bytes
+        if text is not None:
+            self._shown = (self._shown or 0) + len(text)
+        marked = marked_text(self._tokenizer, self._tokens, self._fmt).rstrip("\ufffd")  # a character's first bytes
         if self._body is not None:
-            return self._calls(text)
-        start = _start(self._fmt, text)
+            return self._calls(marked)
+        start = _start(self._fmt, marked)
         if start >= 0:
             self._body = _body_from(self._fmt, start)
-            return [*self._give(text, len(text[:start].rstrip())), *self._calls(text)]
+            return [*self._give(marked, len(marked[:start].rstrip()), bounded=True), *self._calls(marked)]
         # whitespace before a call is not content: it waits for the text that follows it
-        return self._give(text, len(text[: len(text) - self._held(text)].rstrip()))
+        return self._give(marked, len(marked[: len(marked) - self._held(marked)].rstrip()), bounded=True)
 
-    def finish(self, tokens: Sequence[int] | None = None) -> list[StreamPiece]:
-        """The rest; ``tokens``: the whole answer's tokens where they are at hand (else those fed)."""
+    def finish(self, tokens: Sequence[int] | None = None, text: str | None = None) -> list[StreamPiece]:
+        """The rest; ``tokens``: the whole answer's tokens where they are at hand (else those fed); ``text``: its
+        text as the generation gave it (stop strings applied)."""
         if tokens is not None:
             self._tokens = [int(t) for t in tokens]
-        text = marked_text(self._tokenizer, self._tokens, self._fmt)
+        text = marked_text(self._tokenizer, self._tokens, self._fmt, text)
         announced = iter(self._ids)
         answer = parse_answer(
             self._fmt, text, names=self._names, new_id=lambda: next(announced, None) or self._new_id()
@@ -411,7 +428,9 @@ class CallStream:
                 return size
         return 0
 
-    def _give(self, text: str, upto: int) -> list[StreamPiece]:
+    def _give(self, text: str, upto: int, *, bounded: bool = False) -> list[StreamPiece]:
+        if bounded and self._shown is not None:
+            upto = min(upto, self._shown)
         if upto <= self._sent:
             return []
         piece, self._sent = text[self._sent : upto], upto

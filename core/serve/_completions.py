@@ -374,7 +374,7 @@ class Completions:
                         tokens=len(event.tokens), drafted=event.drafted, drafted_chars=drafted_chars
                     )
                     if calls is not None:  # content as it comes; what could start a call waits for the answer's end
-                        for number, delta in enumerate(calls[index].feed(event.tokens) or [None]):
+                        for number, delta in enumerate(calls[index].feed(event.tokens, event.text) or [None]):
                             if delta is None and not event.logprobs:
                                 continue
                             # the step's logprobs and counts go once, with its first delta
@@ -394,7 +394,7 @@ class Completions:
                 else:
                     finished.append(event)
                     if calls is not None:
-                        deltas, ended, note = calls[index].finish(event.tokens, event.finish_reason)
+                        deltas, ended, note = calls[index].finish(event.tokens, event.finish_reason, event.text)
                         for delta in deltas:
                             yield answers.chunk(common, chat=chat, index=index, delta=delta)
                         yield answers.chunk(

@@ -87,11 +87,11 @@ class ToolPlan:
         return tool_grammar(self.fmt, self.tools, choice=self.choice, parallel=self.parallel, token_id=token_id)
 
     def answer(
-        self, tokenizer: Any, tokens: Sequence[int], finish_reason: str
+        self, tokenizer: Any, tokens: Sequence[int], finish_reason: str, text: str | None = None
     ) -> tuple[AssistantMessage, str, ChoiceNote | None]:
-        """The assistant's message for an answer's ``tokens``, its finish reason ("tool_calls" when it made calls)
-        and decoctl's note when output that started a call did not parse."""
-        text = marked_text(tokenizer, tokens, self.fmt)
+        """The assistant's message for an answer's ``tokens`` (and its ``text``, stop strings applied), its finish
+        reason ("tool_calls" when it made calls) and decoctl's note when output that started a call did not parse."""
+        text = marked_text(tokenizer, tokens, self.fmt, text)
         parsed = parse_answer(self.fmt, text, names=self.names)
         note = None if parsed.error is None else ChoiceNote(tool_call_error=parsed.error)
         if not parsed.calls:
@@ -119,11 +119,13 @@ class ToolStream:
         self._plan = plan
         self._calls = CallStream(plan.fmt, tokenizer, names=plan.names)
 
-    def feed(self, tokens: Sequence[int]) -> list[ChatDelta]:
-        return self._deltas(self._calls.feed(tokens))
+    def feed(self, tokens: Sequence[int], text: str) -> list[ChatDelta]:
+        return self._deltas(self._calls.feed(tokens, text))
 
-    def finish(self, tokens: Sequence[int], finish_reason: str) -> tuple[list[ChatDelta], str, ChoiceNote | None]:
-        deltas = self._deltas(self._calls.finish(tokens))
+    def finish(
+        self, tokens: Sequence[int], finish_reason: str, text: str
+    ) -> tuple[list[ChatDelta], str, ChoiceNote | None]:
+        deltas = self._deltas(self._calls.finish(tokens, text))
         note = None if self._calls.error is None else ChoiceNote(tool_call_error=self._calls.error)
         return deltas, _called(finish_reason) if self._calls.called else finish_reason, note
 
@@ -217,5 +219,5 @@ def with_calls(answer: Any, plan: ToolPlan, tokenizer: Any, finished: Sequence[A
     for choice, done in zip(answer.choices, finished, strict=True):
         if done is not None:
             choice.message, choice.finish_reason, choice.decoctl = plan.answer(
-                tokenizer, done.tokens, done.finish_reason
+                tokenizer, done.tokens, done.finish_reason, done.text
             )

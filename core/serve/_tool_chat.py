@@ -90,7 +90,9 @@ class ToolChat:
             return False
         tokenizer = generator.models["target"].tokenizer
         answer = parse_answer(
-            self.fmt, marked_text(tokenizer, last.tokens, self.fmt), names={t["function"]["name"] for t in self.tools}
+            self.fmt,
+            marked_text(tokenizer, last.tokens, self.fmt, last.text),
+            names={t["function"]["name"] for t in self.tools},
         )
         if answer.error is not None:
             out.write(f"[{answer.error}]\n")
