@@ -4,10 +4,11 @@ grammar, and the answer read for calls (whole, or as it streams) in OpenAI's sha
 plan = tool_plan(body, template, tool_parser=None)    # None when the request has no tools; ToolError (a 400) if bad
 prompt = template.prompt(chat_messages(body), **plan.variables())
 lark = plan.grammar(tokenizer.token_to_id)            # the logits chain's grammar, or None ("none")
-message, reason, note = plan.answer(tokenizer, finished.tokens, finished.finish_reason)
+message, reason, note = plan.answer(tokenizer, finished.tokens, finished.finish_reason, finished.text)
 
 ``tool_choice``: "none" renders the tools and reads no calls (the answer is content); "auto" (the default with tools)
-lets the model answer freely and constrains it only once it starts a call (decoctl.generation._tools' lazy grammar);
+lets the model answer freely and constrains it only once it starts a call (decoctl.generation._tool_grammar's lazy
+grammar);
 "required" and a named function constrain the whole answer to calls that parse and validate against the tools'
 schemas. ``parallel_tool_calls`` false (or a family whose template renders one call per message) allows one call.
 A stream gives the content as it comes, holding back only what could be the start of a call, then each call as
