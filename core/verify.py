@@ -63,19 +63,30 @@ __all__ = [
 
 # -- distributions ----------------------------------------------------------------------------------------------
 def probabilities(rows: np.ndarray, temperature: float) -> np.ndarray:
-    """float64[..., vocab] softmax(rows / temperature) over the last axis; -inf entries (masked tokens) get 0."""
-    scaled = rows.astype(np.float64) / temperature
-    scaled -= scaled.max(axis=-1, keepdims=True)
+    """float64[..., vocab] softmax(rows / temperature) over the last axis; -inf entries (masked tokens) get 0. A row
+    with every entry -inf (a drafted row after a token a grammar rejected: no verifier reaches it) is all 0."""
+    scaled = _shifted(rows, temperature)
     weights = np.exp(scaled)
-    weights /= weights.sum(axis=-1, keepdims=True)
+    total = weights.sum(axis=-1, keepdims=True)
+    weights /= np.where(total > 0, total, 1.0)
     return weights
 
 
 def log_probabilities(rows: np.ndarray, temperature: float) -> np.ndarray:
-    """float64[..., vocab] log softmax(rows / temperature) (-inf for masked tokens): every entry is <= 0."""
+    """float64[..., vocab] log softmax(rows / temperature) (-inf for masked tokens): every entry is <= 0. A row with
+    every entry -inf stays all -inf."""
+    scaled = _shifted(rows, temperature)
+    total = np.exp(scaled).sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        return scaled - np.where(total > 0, np.log(total), 0.0)
+
+
+def _shifted(rows: np.ndarray, temperature: float) -> np.ndarray:
+    """float64 ``rows / temperature`` less each row's maximum (a row whose maximum is -inf is left as it is)."""
     scaled = rows.astype(np.float64) / temperature
-    scaled -= scaled.max(axis=-1, keepdims=True)
-    return scaled - np.log(np.exp(scaled).sum(axis=-1, keepdims=True))
+    top = scaled.max(axis=-1, keepdims=True)
+    scaled -= np.where(np.isfinite(top), top, 0.0)
+    return scaled
 
 
 def draw(weights: np.ndarray, rng: np.random.Generator) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ transformers = pytest.importorskip("transformers")
 jsonschema = pytest.importorskip("jsonschema")
 
 NAMES = {"get_weather", "get_time"}
+TOOL_SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
 QUESTION = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
 
@@ -307,6 +309,49 @@ def test_a_constrained_answer_is_greedys_own_under_every_drafting_controller(
         answer = parse_answer(fmt, marked_text(model.tokenizer, answers[0], fmt), names=NAMES)
         assert answer.error is None and len(answer.calls) == 1
         assert choice == "required" or answer.calls[0].name == choice
+
+
+SAMPLING = [
+    ("sample", {}),
+    ("speculative", {"drafter": "prompt-lookup", "sampling": True}),
+    ("speculative", {"drafter": "draft-model", "sampling": True}),
+    ("lookahead", {"sampling": True}),
+    ("eagle", {"drafting": "chain", "sampling": True}),
+    ("eagle", {"drafting": "tree", "sampling": True}),
+]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize(("controller", "options"), SAMPLING, ids=lambda value: str(value))
+def test_a_sampled_required_answer_is_one_valid_call_under_every_controller(
+    name: str,
+    controller: str,
+    options: dict[str, Any],
+    folders: dict[str, Path],
+    models: dict[str, Any],
+    heads: dict[str, Path],
+) -> None:
+    registry = plugin_registry()
+    registry.register(pytest.importorskip("decoctl_eagle.plugin"), "eagle")
+    model = models[name]
+    fmt = tool_format_for(FAMILIES[name].template)
+    lark = tool_grammar(fmt, TOOLS, choice="required", parallel=False, token_id=model.tokenizer.token_to_id)
+    roles = {"target": model}
+    if options.get("drafter") == "draft-model":
+        roles["draft"] = model
+    if controller == "eagle":
+        roles["eagle"] = heads[name]
+    generator = Generator(
+        roles, controller, options=options, processors=[{"name": "grammar", "lark": lark}], registry=registry
+    )
+    prompt = ChatTemplate.from_folder(folders[name]).prompt(QUESTION, tools=TOOLS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a row no verifier reaches is no NaN either
+        for seed in range(3):
+            result = generator.generate(prompt, max_new_tokens=96, seed=seed)
+            answer = parse_answer(fmt, marked_text(model.tokenizer, result.tokens, fmt, result.text), names=NAMES)
+            assert answer.error is None and len(answer.calls) == 1
+            jsonschema.validate(json.loads(answer.calls[0].arguments), TOOL_SCHEMAS[answer.calls[0].name])
 
 
 def test_auto_leaves_text_free_until_the_trigger_then_allows_only_calls(models: dict[str, Any]) -> None:
