@@ -28,7 +28,7 @@ import attrs
 
 from decoctl.errors import ConfigError
 
-__all__ = ["TOOL_FORMATS", "ToolFormat", "new_call_id", "template_messages", "tool_format_for"]
+__all__ = ["TOOL_FORMATS", "ToolFormat", "new_call_id", "template_messages", "tool_format_for", "tool_format_named"]
 
 
 @attrs.frozen(kw_only=True)
@@ -116,20 +116,25 @@ TOOL_FORMATS: Mapping[str, ToolFormat] = {
 """The tool-call formats by name (``--tool-parser``): hermes, mistral, granite, llama3_json."""
 
 
+def tool_format_named(name: str) -> ToolFormat:
+    """The tool-call format ``name`` (``--tool-parser``; ``-`` for ``_`` and any case); ConfigError listing them."""
+    fmt = TOOL_FORMATS.get(name.strip().lower().replace("-", "_"))
+    if fmt is None:
+        raise ConfigError(f"--tool-parser {name!r} is not a tool-call format: use one of {', '.join(TOOL_FORMATS)}")
+    return fmt
+
+
 def tool_format_for(template_source: str, name: str | None = None, *, origin: str = "the chat template") -> ToolFormat:
-    """The tool-call format ``name`` (``--tool-parser``), else the one whose marks the template's text holds.
-    ConfigError naming the formats when ``name`` is unknown, when the template renders no tools, or when no family's
-    marks are in it."""
-    if name is not None:
-        fmt = TOOL_FORMATS.get(name.strip().lower().replace("-", "_"))
-        if fmt is None:
-            raise ConfigError(f"--tool-parser {name!r} is not a tool-call format: use one of {', '.join(TOOL_FORMATS)}")
-        return fmt
+    """The tool-call format of a template that renders tools: ``name`` (``--tool-parser``), else the one whose marks
+    the template's text holds. ConfigError when the template never uses ``tools`` (the model would not see them),
+    when ``name`` is unknown, or when no family's marks are in it."""
     if "tools" not in template_source:
         raise ConfigError(
             f"{origin} never uses the variable 'tools', so the model would not see the tools: start the server with "
             "--chat-template FILE, a template of the model's family that renders them"
         )
+    if name is not None:
+        return tool_format_named(name)
     for fmt in TOOL_FORMATS.values():
         if all(mark in template_source for mark in fmt.marks):
             return fmt

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from decoctl.errors import ConfigError
 from decoctl.generation import ChatTemplate
-from decoctl.generation._tool_formats import tool_format_for
+from decoctl.generation._tool_formats import tool_format_named
 from decoctl.model._vision import ImageFeatures
 from decoctl.serve._answers import Answers
 from decoctl.serve._edge import Edge, Refusal, image_bytes
@@ -110,7 +110,7 @@ class Completions:
         #: the tool-call format the operator named (decoctl serve --tool-parser), else the template's own
         self.tool_parser = tool_parser
         if tool_parser is not None:
-            tool_format_for("", tool_parser)  # a name that is no format: refused at start, not per request
+            tool_format_named(tool_parser)  # a name that is no format: refused at start, not per request
 
     # -- the endpoints ----------------------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:

@@ -19,7 +19,7 @@ from decoctl import load_model
 from decoctl.errors import ConfigError
 from decoctl.generation import ChatTemplate, Generator
 from decoctl.generation._tool_answers import CallArguments, CallName, CallStream, ToolCall, marked_text, parse_answer
-from decoctl.generation._tool_formats import TOOL_FORMATS, template_messages, tool_format_for
+from decoctl.generation._tool_formats import TOOL_FORMATS, template_messages, tool_format_for, tool_format_named
 from decoctl.generation._tool_grammar import tool_grammar
 from decoctl.testing import build_eagle_head
 
@@ -118,10 +118,16 @@ def test_a_template_of_no_known_format_asks_for_tool_parser() -> None:
         tool_format_for("{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}")
 
 
+def test_a_named_format_still_needs_a_template_that_renders_the_tools() -> None:
+    with pytest.raises(ConfigError, match="never uses the variable 'tools'"):
+        tool_format_for("{% for m in messages %}{{ m.content }}{% endfor %}", "hermes")
+    assert tool_format_for("{{ tools | tojson }}", "hermes").name == "hermes"
+
+
 def test_tool_parser_names_a_format_or_is_refused_listing_them() -> None:
-    assert tool_format_for("", "llama3-json").name == "llama3_json"
+    assert tool_format_named("llama3-json").name == "llama3_json"
     with pytest.raises(ConfigError, match="hermes, mistral, granite, llama3_json"):
-        tool_format_for("", "pythonic")
+        tool_format_named("pythonic")
 
 
 # -- reading answers ----------------------------------------------------------------------------------------------
