@@ -262,3 +262,27 @@ def test_a_stop_string_ends_an_answer_with_tools_where_it_ends_one_without(serve
         for choice in chunk.choices
     ]
     assert "".join(pieces) == expected
+
+
+def test_none_neither_constrains_nor_reads_calls(served: Served) -> None:
+    from tokenizers import Tokenizer
+
+    from decoctl.generation import TOOL_FORMATS
+
+    fmt = TOOL_FORMATS[FAMILIES[served.name].tool_format]
+    if not fmt.anywhere:
+        pytest.skip(f"{fmt.name}'s trigger is text that opens the answer, not one token a bias can start")
+    trigger = Tokenizer.from_file(str(served.folder / "tokenizer.json")).token_to_id(fmt.trigger)
+    answer = served.client.chat.completions.create(
+        model=MODEL,
+        messages=[QUESTION],
+        tools=TOOLS,
+        tool_choice="none",
+        temperature=0,
+        max_tokens=8,
+        logit_bias={str(trigger): 100},
+    )
+    choice = answer.choices[0]
+    # the bias writes the trigger over and over: nothing holds it to a call, and nothing reads it as one
+    assert choice.message.tool_calls is None and choice.finish_reason == "length"
+    assert answer.usage.completion_tokens == 8 and choice.model_extra.get("decoctl") is None
