@@ -33,7 +33,12 @@ IMAGE_SIZE = 32
 PATCH = 8
 IMAGE_TOKENS = 4
 """Image soft tokens per image (or per pan-and-scan crop): the 4 x 4 patches average-pooled to 2 x 2."""
-BOI, SOFT, EOI = "<start_of_image>", "<image_soft_token>", "<end_of_image>"
+BOI = "<start_of_image>"
+"""The begin-of-image mark (Gemma 3's boi_token)."""
+SOFT = "<image_soft_token>"
+"""The token an image's features take the place of, one per feature row (Gemma 3's image_token)."""
+EOI = "<end_of_image>"
+"""The end-of-image mark (Gemma 3's eoi_token)."""
 IMAGE_MARK = BOI
 """What a prompt holds where an image goes: Gemma3Processor expands it to ``\\n\\n`` BOI, IMAGE_TOKENS soft tokens,
 EOI ``\\n\\n``."""
