@@ -29,6 +29,7 @@ from decoctl.errors import (
 from decoctl.generation._batch import BatchPrompt, BatchSlot, one_at_a_time, run_batch
 from decoctl.generation._chat_template import ChatPrompt, ChatTemplate, encode_prompt
 from decoctl.generation._opening import check_choice, check_models, make_controller, open_host
+from decoctl.generation._prefix_cache import PrefixCache, prefill_cached
 from decoctl.generation._results import GenerationResult, GenerationStats
 from decoctl.generation._tool_answers import marked_text, parse_answer
 from decoctl.generation._tool_formats import template_messages, tool_format_for
@@ -131,6 +132,10 @@ class Generator:
         objects (decoctl.LogitsProcessor; transformers' through ``decoctl.from_transformers``).
     :param threads: intra-op threads for every model (default: onnxruntime-genai's cores/2).
     :param prefill_chunk: feed the prompt in chunks of this many tokens (None: one pass).
+    :param prefix_cache_mb: keep the target's prompts and answers in a prefix cache of this many MiB
+        (decoctl.generation._prefix_cache): a prompt that starts with a kept one (a shared system prompt, the next
+        turn of a chat) copies its KV instead of prefilling it; outputs are the same with it on and off. None: off.
+        ConfigError where the budget holds no block or the model's cache cannot be copied.
     :param huge_pages: load the models with ``load_model(huge_pages=True)``: their weights on 2 MiB pages, through
         process-wide malloc and madvise settings (off by default; the command line turns it on).
     :param registry: the plugin registry (default: entry points autoloaded).
@@ -148,6 +153,7 @@ class Generator:
         registry: PluginRegistry | None = None,
         debug: bool | None = None,
         huge_pages: bool = False,
+        prefix_cache_mb: float | None = None,
     ) -> None:
         self.registry = registry or PluginRegistry()
         self.spec: ControllerSpec = resolve_controller(controller, self.registry, options=options)
@@ -161,6 +167,10 @@ class Generator:
         self.debug = debug
         self.roles = self.spec.active_roles(self.options)
         self.models = self._load_roles(dict(models or {}), threads, huge_pages)
+        #: the target's prompts and answers kept for the prompts that continue them (None: off)
+        self.prefix_cache = (
+            None if prefix_cache_mb is None else PrefixCache.for_model(self.models["target"], prefix_cache_mb)
+        )
         self._sequences: dict[str, Sequence] = {}
         self._rows: dict[str, Rows] = {}
         #: the target's rows for batched prompts (decoctl.generation), kept for the next batch of the same size
@@ -582,7 +592,10 @@ class Generator:
                 sequence.encode(request.source)
         if request.images is not None:
             host.target.attach_images(request.images)
-        host.target.prefill(request.ids, self.prefill_chunk)
+        if self.prefix_cache is None:
+            host.target.prefill(request.ids, self.prefill_chunk)
+        else:
+            prefill_cached(self.prefix_cache, host.target, request.ids, self.prefill_chunk)
         run.prefill_seconds = time.perf_counter() - run.started
         start_controller(run.controller, host)
         run.decode_started = time.perf_counter()
@@ -681,8 +694,11 @@ class Generator:
         )
 
     def _finish(self, run: _Run, **trace: Any) -> GenerationResult:
-        """The result of a run its stop rules ended, with ``trace`` added to its stats' trace; the end hook sees it."""
+        """The result of a run its stop rules ended, with ``trace`` added to its stats' trace; the end hook sees it.
+        The prefix cache keeps what the target's row holds: the prompt and the answer, the next chat turn's prefix."""
         run.ended = True
+        if self.prefix_cache is not None:
+            self.prefix_cache.store(run.host.target)
         if self._active is run:
             self._active = None
         stats = self._stats(run)

@@ -1,0 +1,241 @@
+"""The prefix cache: the KV of prompts and answers kept in blocks keyed by the token prefix, under a memory budget,
+for the Generator and the server's engine alike.
+
+cache = PrefixCache.for_model(model, megabytes=256)     # ConfigError: budget below one block, a model it cannot copy
+n = cache.restore(sequence, ids)                       # the longest cached prefix of ids copied in; feed ids[n:]
+cache.store(sequence)                                  # the sequence's whole blocks kept (prompt, or prompt + answer)
+
+Blocks are hashed and chained, as vLLM's automatic prefix caching keeps them: block i's key is a digest of block
+i-1's key and block i's tokens, so a lookup walks the prompt a block at a time through a dict, a store adds only the
+blocks not yet kept, and two prompts that share 3 blocks share those 3 entries. A radix tree (SGLang) shares at
+token granularity and finds a prefix that ends mid-block, but reuse stops at a block boundary anyway (the KV is
+copied in whole blocks) and a tree's nodes split and merge on every store; chained hashes keep the code and its
+eviction rule small. Each key also hashes the tokens of the block itself and the entry keeps them, so a digest
+collision is a miss, never another prompt's KV.
+
+Exact: ``restore`` never gives the prompt's last token (its logits must be computed, and a prompt whose every block
+is cached still feeds its last block's tail), and what it copies is what a prefill of those tokens left in the
+cache. Eviction is by recency: a lookup touches the blocks it used from the last to the first, so a prefix's earlier
+blocks are always more recent than its later ones and eviction takes the tails of chains first. A block is in use
+only while ``restore`` copies it, under the cache's lock; a request whose blocks are evicted later holds its own copy.
+
+Ring layers (sliding windows) hold position p at row p only until they evict (decoctl.model._kv_blocks): reuse stops
+at the ring's capacity (the window plus the rewind slack) instead of keeping a ring's state per block, which on Gemma 3
+(window 512, capacity 576) would cost nine times a block's memory for every ring layer of every block.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import threading
+
+import attrs
+import numpy as np
+import structlog
+
+from decoctl.errors import ConfigError, SequenceError
+from decoctl.host import Sequence
+from decoctl.model._kv_blocks import block_bytes, linear_length, read_blocks, reuse_limit, write_blocks
+from decoctl.model._kv_cache import dtype_name, kv_dtype
+from decoctl.model._loader import LoadedModel
+
+__all__ = ["BLOCK_TOKENS", "PrefixCache", "PrefixCacheStats", "prefill_cached"]
+
+log = structlog.get_logger(__name__)
+
+#: positions a block holds: a prompt reuses its prefix up to the last whole block before its last token
+BLOCK_TOKENS = 16
+_ROOT = b"decoctl-prefix-cache"
+
+
+@attrs.frozen(kw_only=True)
+class PrefixCacheStats:
+    """What the cache did since it was made: ``lookups`` (restores asked), ``hits`` (restores that copied at least
+    one block), ``tokens_saved`` (prompt tokens copied instead of prefilled), ``blocks``, ``bytes`` (held now),
+    ``budget`` (bytes), ``evicted`` (blocks dropped for room)."""
+
+    lookups: int
+    hits: int
+    tokens_saved: int
+    blocks: int
+    bytes: int
+    budget: int
+    evicted: int
+
+
+@attrs.frozen(kw_only=True)
+class _Block:
+    tokens: bytes
+    kv: np.ndarray
+
+
+class PrefixCache:
+    """KV blocks of one model's prompts and answers (see the module docstring). Thread-safe."""
+
+    def __init__(self, model: LoadedModel, budget: int, block_tokens: int = BLOCK_TOKENS) -> None:
+        spec = model.spec
+        if model.encoder is not None:
+            raise ConfigError(
+                f"the prefix cache cannot serve model {model.name}: it is an encoder-decoder model, whose decoder KV "
+                "depends on the source as a whole, not on a token prefix; run it without --prefix-cache-mb"
+            )
+        if model.vision is not None:
+            raise ConfigError(
+                f"the prefix cache cannot serve model {model.name}: a vision-language prompt's image tokens are the "
+                "same ids for different images, and this cache keys blocks by tokens alone; run it without "
+                "--prefix-cache-mb"
+            )
+        if block_tokens < 1:
+            raise ConfigError(f"prefix cache blocks of {block_tokens} tokens: give at least 1")
+        self.model = model
+        self.dtype = kv_dtype(model.session, spec)
+        self.block_tokens = block_tokens
+        self.block_bytes = block_bytes(spec.num_layers, spec.num_kv_heads, spec.head_size, self.dtype, block_tokens)
+        if budget < self.block_bytes:
+            raise ConfigError(
+                f"a prefix cache of {budget} bytes holds no block of model {model.name} (one block of "
+                f"{block_tokens} tokens is {self.block_bytes} bytes of {dtype_name(self.dtype)} KV over "
+                f"{spec.num_layers} layers): give at least {-(-self.block_bytes // 2**20)} MB, or leave the cache off"
+            )
+        self.budget = budget
+        self._blocks: collections.OrderedDict[bytes, _Block] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._lookups = self._hits = self._saved = self._evicted = 0
+
+    @classmethod
+    def for_model(cls, model: LoadedModel, megabytes: float) -> PrefixCache:
+        """A cache of ``megabytes`` MiB for ``model`` (ConfigError where it holds no block, or cannot serve the
+        model)."""
+        return cls(model, int(megabytes * 2**20))
+
+    # -- keys ------------------------------------------------------------------------------------------------
+    def _keys(self, ids: np.ndarray, count: int) -> list[tuple[bytes, bytes]]:
+        """(key, tokens) of the first ``count`` whole blocks of ``ids``."""
+        size = self.block_tokens
+        data = np.ascontiguousarray(ids[: count * size], np.int64).tobytes()
+        step = size * 8
+        keys, parent = [], _ROOT
+        for i in range(count):
+            tokens = data[i * step : (i + 1) * step]
+            parent = hashlib.blake2b(parent + tokens, digest_size=16).digest()
+            keys.append((parent, tokens))
+        return keys
+
+    # -- use -------------------------------------------------------------------------------------------------
+    def restore(self, sequence: Sequence, ids: np.ndarray, limit: int | None = None) -> int:
+        """Copy the longest cached prefix of ``ids`` (int64[n]) into the empty ``sequence`` (its tokens and KV), in
+        whole blocks, never the last token and never more than ``limit`` tokens; return how many it holds now (feed
+        ``ids`` from there)."""
+        self._check(sequence)
+        kv = sequence.runner.kv
+        if kv.length:
+            raise SequenceError(f"the prefix cache restores into an empty row, not one holding {kv.length} tokens")
+        cap = min(len(ids) - 1, reuse_limit(kv), len(ids) if limit is None else limit)
+        count = max(cap, 0) // self.block_tokens
+        with self._lock:
+            self._lookups += 1
+            found: list[tuple[bytes, _Block]] = []
+            for key, tokens in self._keys(ids, count):
+                block = self._blocks.get(key)
+                if block is None or block.tokens != tokens:
+                    break
+                found.append((key, block))
+            for key, _ in reversed(found):  # the chain's head ends most recent: eviction takes tails first
+                self._blocks.move_to_end(key)
+            if not found:
+                return 0
+            write_blocks(kv, [b.kv for _, b in found], self.block_tokens)
+            self._hits += 1
+            length = len(found) * self.block_tokens
+            self._saved += length
+        sequence.adopt_tokens(np.asarray(ids[:length], np.int64))
+        return length
+
+    def cached(self, ids: np.ndarray, room: int) -> int:
+        """How many tokens ``restore`` would give ``ids`` now, into a row of ``room`` reusable positions (touches
+        nothing)."""
+        cap = min(len(ids) - 1, room)
+        count = max(cap, 0) // self.block_tokens
+        with self._lock:
+            found = 0
+            for key, tokens in self._keys(ids, count):
+                block = self._blocks.get(key)
+                if block is None or block.tokens != tokens:
+                    break
+                found += 1
+        return found * self.block_tokens
+
+    def store(self, sequence: Sequence) -> int:
+        """Keep the whole blocks of what ``sequence`` holds (its prompt, or prompt and answer) that are not kept yet,
+        evicting the least recently used blocks for room; return how many blocks were added. A row that still holds a
+        whole tree, or whose ring layers evicted before a block ends, keeps nothing past that point."""
+        self._check(sequence)
+        try:
+            sequence.check_batchable("keeping a prefix")
+        except SequenceError:
+            return 0  # its tokens are a tree's, not one prefix
+        kv = sequence.runner.kv
+        count = linear_length(kv) // self.block_tokens
+        if count == 0:
+            return 0
+        tokens = np.asarray(sequence.tokens)
+        keys = self._keys(tokens, count)
+        with self._lock:
+            have = 0
+            while have < count and keys[have][0] in self._blocks:
+                have += 1
+            room = self.budget // self.block_bytes
+            count = min(count, room)  # a chain longer than the budget keeps its head
+            added = max(count - have, 0)
+            if added:
+                data = read_blocks(kv, have * self.block_tokens, self.block_tokens, added)
+                for key, _ in keys[:have]:  # the blocks it continues are never the ones evicted for it
+                    self._blocks.move_to_end(key)
+                while len(self._blocks) + added > room:
+                    self._blocks.popitem(last=False)
+                    self._evicted += 1
+                for (key, block_tokens), block in zip(keys[have:count], data, strict=True):
+                    self._blocks[key] = _Block(tokens=block_tokens, kv=block)
+            for key, _ in reversed(keys[:count]):  # tail to head: the head ends most recent, tails go first
+                self._blocks.move_to_end(key)
+        return added
+
+    def stats(self) -> PrefixCacheStats:
+        with self._lock:
+            return PrefixCacheStats(
+                lookups=self._lookups,
+                hits=self._hits,
+                tokens_saved=self._saved,
+                blocks=len(self._blocks),
+                bytes=len(self._blocks) * self.block_bytes,
+                budget=self.budget,
+                evicted=self._evicted,
+            )
+
+    def _check(self, sequence: Sequence) -> None:
+        if sequence.model.session is not self.model.session:
+            raise ConfigError(
+                f"this prefix cache keeps model {self.model.name}'s KV, not model {sequence.model.name}'s: give each "
+                "model its own cache"
+            )
+
+
+def prefill_cached(cache: PrefixCache, sequence: Sequence, ids: np.ndarray, chunk: int | None) -> int:
+    """Prefill ``ids`` into the empty ``sequence`` through ``cache``: the longest cached prefix copied in, the rest
+    fed (``chunk`` tokens a run) and the prompt's whole blocks kept; return the tokens copied. On a model with ring
+    layers, a prompt longer than their capacity is fed in two parts, the part the rings hold linearly first, so that
+    its blocks can be kept before the rings evict them."""
+    copied = cache.restore(sequence, ids)
+    kv = sequence.runner.kv
+    if kv.rings is not None:
+        size = cache.block_tokens
+        split = min(reuse_limit(kv), len(ids) - 1) // size * size
+        if copied < split:
+            sequence.prefill(ids[copied:split], chunk, logits=False)
+            cache.store(sequence)
+            sequence.prefill(ids[split:], chunk)
+            return copied
+    sequence.prefill(ids[copied:], chunk)
+    cache.store(sequence)
+    return copied
