@@ -26,7 +26,7 @@ from decoctl.logs import LOGGER
 from decoctl.model._tokenizer import require_utf8
 from decoctl.plugins import BUILTIN_PLUGIN, PluginRegistry
 from decoctl.serve._bench import run_bench_serve
-from decoctl.serve._command import add_serve_parsers, run_chat, run_serve
+from decoctl.serve._command import add_prefix_cache_argument, add_serve_parsers, run_chat, run_serve
 from decoctl.specs import CommandSpec
 
 __all__ = ["main"]
@@ -94,6 +94,7 @@ def _add_generate(commands: Any) -> None:
     )
     gen.add_argument("--threads", type=int, help="intra-op threads (default: cores/2, as onnxruntime-genai)")
     gen.add_argument("--prefill-chunk", type=int, help="feed the prompt this many tokens per forward")
+    add_prefix_cache_argument(gen)
     gen.add_argument("--config", help="a run file (TOML or JSON) declaring roles, controller, limits")
     gen.add_argument("--no-stream", action="store_true", help="print the text at the end instead of streaming")
     gen.add_argument("--stats", choices=("text", "json", "none"), default="text", help="statistics at the end")
@@ -202,6 +203,7 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         prefill_chunk=pick(args.prefill_chunk, "prefill_chunk", None),
         registry=registry,
         huge_pages=not args.no_huge_pages,
+        prefix_cache_mb=args.prefix_cache_mb,
     )
     stop = tuple(args.stop) or (run.stop if run else ())
     kwargs = {

@@ -258,3 +258,39 @@ def test_a_cache_for_one_model_refuses_another_models_rows(target: Path, ring: P
     other = Sequence("target", load_model(ring), max_length=64)
     with pytest.raises(ConfigError, match="give each model its own cache"):
         cache.restore(other, np.arange(40, dtype=np.int64))
+
+
+def test_generate_prompts_with_the_cache_prints_what_it_prints_without(target: Path, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": SYSTEM + q, "max_new_tokens": 8}) + "\n" for q in QUESTIONS))
+
+    def texts(*flags: str) -> list[str]:
+        command = [sys.executable, "-m", "decoctl.cli", "generate", "-m", str(target), "--prompts", str(prompts)]
+        done = subprocess.run(
+            [*command, "--stats", "none", "--batch-size", "1", *flags],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        return [json.loads(line)["text"] for line in done.stdout.splitlines()]
+
+    assert texts("--prefix-cache-mb", "8") == texts()
+
+
+def test_generate_refuses_a_budget_below_one_block_at_start(target: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "decoctl.cli", "generate", "-m", str(target), "--prefix-cache-mb", "0.0001", "x"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2 and "holds no block" in done.stderr and done.stdout == ""

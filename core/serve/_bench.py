@@ -30,7 +30,11 @@ import numpy as np
 from decoctl.errors import ConfigError
 from decoctl.generation import read_prompts
 
-__all__ = ["Level", "Timing", "add_bench_serve_parser", "measure", "run_bench_serve", "stream_completion"]
+__all__ = ["WORKLOADS", "Level", "Timing", "add_bench_serve_parser", "measure", "run_bench_serve", "stream_completion"]
+
+
+#: what ``--workload`` takes (decoctl.serve._bench_workloads)
+WORKLOADS = ("prompts", "shared-system", "chat")
 
 
 @attrs.frozen(kw_only=True)
@@ -54,6 +58,8 @@ class Level:
     seconds: float
     ttft: tuple[float, float]
     itl: tuple[float, float]
+    #: the chat workload's time to first token (p50) of each turn, first turn first; empty for other workloads
+    ttft_by_turn: tuple[float, ...] = ()
 
     @property
     def throughput(self) -> float:
@@ -65,6 +71,7 @@ class Level:
             "throughput": round(self.throughput, 3),
             "ttft": {"p50": self.ttft[0], "p99": self.ttft[1]},
             "itl": {"p50": self.itl[0], "p99": self.itl[1]},
+            "ttft_by_turn": list(self.ttft_by_turn),
         }
 
 
@@ -210,10 +217,25 @@ def add_bench_serve_parser(commands: Any) -> None:
     bench.add_argument(
         "--controllers", default="greedy", help="decoctl controllers: greedy,speculative:drafter=prompt-lookup"
     )
+    bench.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="prompts",
+        help="prompts: one prompt of the file a request (default); shared-system: a ~1,000-token system prompt made "
+        "from the file, then a short question; chat: four-turn conversations, each turn's time to first token reported",
+    )
+    bench.add_argument(
+        "--system-chars",
+        type=int,
+        default=4000,
+        help="the shared-system workload's system prompt in characters (default 4000: about 1,000 tokens of code)",
+    )
     bench.add_argument("--json", help="write the levels to this file")
 
 
 def run_bench_serve(args: argparse.Namespace, registry: Any = None) -> int:
+    from decoctl.serve._bench_workloads import chat_questions, measure_conversations, shared_system_prompts
+
     prompts = [p.prompt for p in read_prompts(args.prompts)]
     levels = [int(part) for part in str(args.concurrency).split(",") if part.strip()]
     if not levels or min(levels) < 1:
@@ -229,22 +251,42 @@ def run_bench_serve(args: argparse.Namespace, registry: Any = None) -> int:
             label = controller + "".join(f":{k}={v}" for k, v in options.items())
             for concurrency in levels:
                 count = args.requests or max(8, 2 * concurrency)
-                bodies = []
-                for number in range(count):
-                    body: dict[str, Any] = {
-                        "model": model,
-                        "prompt": prompts[number % len(prompts)],
-                        "max_tokens": args.max_tokens,
-                        "temperature": 0,
-                    }
-                    if is_decoctl and controller != "greedy":
-                        body["decoctl"] = {"controller": controller, "options": options}
-                    bodies.append(body)
-                level = measure(url, bodies, concurrency, api_key=args.api_key, server=name, controller=label)
+                extra = {"decoctl": {"controller": controller, "options": options}}
+                extra = extra if is_decoctl and controller != "greedy" else {}
+                if args.workload == "chat":
+                    level = measure_conversations(
+                        url,
+                        chat_questions(prompts, count),
+                        concurrency,
+                        model=model,
+                        max_tokens=args.max_tokens,
+                        extra=extra,
+                        api_key=args.api_key,
+                        server=name,
+                        controller=label,
+                    )
+                else:
+                    texts = (
+                        shared_system_prompts(prompts, count, args.system_chars)
+                        if args.workload == "shared-system"
+                        else prompts
+                    )
+                    bodies = [
+                        {
+                            "model": model,
+                            "prompt": texts[number % len(texts)],
+                            "max_tokens": args.max_tokens,
+                            "temperature": 0,
+                            **extra,
+                        }
+                        for number in range(count)
+                    ]
+                    level = measure(url, bodies, concurrency, api_key=args.api_key, server=name, controller=label)
                 results.append(level)
                 ttft = f"{level.ttft[0]:.3f}/{level.ttft[1]:.3f}"
                 itl = f"{level.itl[0] * 1e3:.1f}/{level.itl[1] * 1e3:.1f}"
-                print(f"{name:<16} {label:<36} {concurrency:>3} {level.throughput:>9.1f} {ttft:>17} {itl:>17}")
+                turns = " turns " + "/".join(f"{t:.3f}" for t in level.ttft_by_turn) if level.ttft_by_turn else ""
+                print(f"{name:<16} {label:<36} {concurrency:>3} {level.throughput:>9.1f} {ttft:>17} {itl:>17}{turns}")
                 sys.stdout.flush()
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,18 @@ __all__ = ["add_serve_parsers", "load_roles", "run_chat", "run_serve"]
 HUGE_PAGES_HELP = "leave the weights on ordinary pages (no malloc or madvise tuning)"
 
 
+def add_prefix_cache_argument(parser: argparse.ArgumentParser) -> None:
+    """``--prefix-cache-mb`` (serve, chat, generate)."""
+    parser.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        metavar="MB",
+        help="keep prompts and answers in a prefix cache of this many MiB: a prompt that starts with a kept one (a "
+        "shared system prompt, the conversation so far) copies its KV instead of computing it again; outputs are the "
+        "same with it on and off (default: off)",
+    )
+
+
 def _key_values(items: list[str], what: str) -> dict[str, str]:
     values = {}
     for item in items:
@@ -64,6 +76,7 @@ def add_serve_parsers(commands: Any) -> None:
         type=int,
         help="feed prompts this many tokens an engine step, so a long prompt delays the other rows by one chunk",
     )
+    add_prefix_cache_argument(serve)
     serve.add_argument(
         "--prefill-share",
         type=float,
@@ -115,6 +128,7 @@ def add_serve_parsers(commands: Any) -> None:
     chat.add_argument("--max-new-tokens", "-n", type=int, default=512, help="longest answer (default 512)")
     chat.add_argument("--seed", type=int, default=0)
     chat.add_argument("--system", help="a system message to start every conversation with")
+    add_prefix_cache_argument(chat)
     chat.add_argument(
         "--tools", metavar="FILE.json", help="OpenAI tools (a JSON list) the model may call; you type each result"
     )
@@ -182,6 +196,7 @@ def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
         prefill_chunk=args.prefill_chunk,
         join_rule=JoinRule(prefill_share=args.prefill_share),
         deterministic=args.deterministic,
+        prefix_cache_mb=args.prefix_cache_mb,
     )
     api_key = args.api_key or os.environ.get("DECOCTL_API_KEY") or None
     name = args.name or target.name
@@ -241,6 +256,7 @@ def run_chat(
         registry=registry,
         threads=args.threads,
         huge_pages=not args.no_huge_pages,
+        prefix_cache_mb=args.prefix_cache_mb,
     )
     target = generator.models["target"]
     template = _chat_template(args, target.spec.path, required=True)
@@ -259,7 +275,12 @@ def run_chat(
         if grammar:  # the same models, the tools' grammar first in the chain
             chain = [*grammar, *([args.processors] if args.processors else [])]
             generator = Generator(
-                dict(generator.models), args.controller, options=options, processors=chain, registry=registry
+                dict(generator.models),
+                args.controller,
+                options=options,
+                processors=chain,
+                registry=registry,
+                prefix_cache_mb=args.prefix_cache_mb,
             )
     start = [{"role": "system", "content": args.system}] if args.system else []
     history = list(start)

@@ -60,6 +60,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from decoctl.errors import ConfigError, DecoctlError
+from decoctl.generation._prefix_cache import PrefixCache
 from decoctl.host import Rows
 from decoctl.logs import get_logger
 from decoctl.model._loader import LoadedModel
@@ -117,6 +118,9 @@ class Engine:
         (None: the chunks the join rule's measured costs allow while rows decode, prompts whole while none does).
     :param deterministic: every completion's logits bitwise its offline twin's under any load (see the module
         docstring); its costs are in docs/BENCHMARKS.md (Serving).
+    :param prefix_cache_mb: keep prompts and answers in a prefix cache of this many MiB
+        (decoctl.generation._prefix_cache): a request whose prompt starts with a kept one copies that KV into its row
+        at admission and prefills only the rest. None: off.
     """
 
     def __init__(
@@ -133,6 +137,7 @@ class Engine:
         debug: bool | None = None,
         join_rule: JoinRule | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        prefix_cache_mb: float | None = None,
     ) -> None:
         if "target" not in models:
             raise ConfigError("the engine needs a 'target' model")
@@ -154,6 +159,8 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.deterministic = deterministic
         self.join_rule = join_rule or JoinRule()
+        #: the target's prompts and answers kept for the requests that continue them (None: off)
+        self.prefix_cache = None if prefix_cache_mb is None else PrefixCache.for_model(target, prefix_cache_mb)
         self.executor = Executor(
             self.models,
             registry=self.registry,
@@ -164,6 +171,7 @@ class Engine:
             prefill_chunk=prefill_chunk,
             deterministic=deterministic,
             debug=debug,
+            prefix_cache=self.prefix_cache,
         )
         self.max_length = self.executor.max_length
         if warm:
@@ -357,6 +365,7 @@ class Engine:
         with self._wake:
             # the queue's head: no step admits more requests than there are rows
             waiting = list(itertools.islice(self._queue, self.max_rows))
+        cached: dict[Handle, int] = {}
         plan = self.scheduler.plan(
             [slot.view() for slot in self._slots.values()],
             [
@@ -367,6 +376,7 @@ class Engine:
                     batched=handle.plan.batched,
                     images=handle.request.images is not None,
                     cancelled=handle.cancelled,
+                    cached=cached.setdefault(handle, self.executor.cached(handle)),
                 )
                 for handle in waiting
             ],
@@ -379,7 +389,7 @@ class Engine:
             for _ in range(taken):
                 self._queue.popleft()
         for admission in plan.admit:
-            self._admit(admission.key, admission.rows, admission.shared)
+            self._admit(admission.key, admission.rows, admission.shared, cached[admission.key])
         for row in plan.placed:
             self._slots[row].placed = True
         report = self.executor.run(plan, self._slots)
@@ -391,15 +401,16 @@ class Engine:
         for slot in list(self._slots.values()):
             self._flush(slot)
 
-    def _admit(self, handle: Handle, rows: tuple[int, ...], shared: bool) -> None:
+    def _admit(self, handle: Handle, rows: tuple[int, ...], shared: bool, cached: int) -> None:
         """Open ``handle``'s completions on ``rows``; ``shared``: completion 0's prompt is copied into the others'
-        rows (one prefill). A completion that cannot be opened fails the request."""
+        rows (one prefill); ``cached``: the prompt's tokens the prefix cache copies into each row that feeds its own.
+        A completion that cannot be opened fails the request."""
         started: list[Completion] = []
         try:
             for index, row in enumerate(rows):
                 self._free.remove(row)
                 try:
-                    started.append(self.executor.open(handle, index, row))
+                    started.append(self.executor.open(handle, index, row, cached=0 if shared and index else cached))
                 except BaseException:
                     self._free.append(row)
                     self._free.sort()
@@ -447,6 +458,8 @@ class Engine:
         stop_reason = cancelled or first.stop_reason
         forwards = host.target.stats.forwards - slot.forwards_at_decode
         slot.moves_to(RequestState.CANCELLED if cancelled == "cancelled" else RequestState.FINISHED)
+        if cancelled is None:
+            self.executor.keep(slot)  # the prompt and its answer: the next chat turn's prefix
         self._release(slot)
         self.completions += 1
         self.cancelled += cancelled is not None

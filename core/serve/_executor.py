@@ -21,10 +21,12 @@ import attrs
 import numpy as np
 
 from decoctl.controllers import Greedy
-from decoctl.errors import ControllerError
+from decoctl.errors import ControllerError, SequenceError
 from decoctl.generation._opening import make_controller, open_host
+from decoctl.generation._prefix_cache import PrefixCache
 from decoctl.host import Rows, Sequence, SequenceStats
 from decoctl.logs import get_logger
+from decoctl.model._kv_blocks import reuse_limit
 from decoctl.model._loader import LoadedModel
 from decoctl.plugins import PluginRegistry
 from decoctl.serve._completion import Completion
@@ -58,6 +60,7 @@ class Executor:
     :param costs: the join rule, which the executor's measurements feed. :param clock: what they are measured with.
     :param prefill_chunk: the most tokens of a prompt a forward holds (a drafting controller's own prefills too).
     :param deterministic: no speculating row joins the batched Run (see decoctl.serve._engine).
+    :param prefix_cache: the target's prompts and answers kept (decoctl.generation._prefix_cache); None: off.
     """
 
     def __init__(
@@ -72,8 +75,10 @@ class Executor:
         prefill_chunk: int | None,
         deterministic: bool,
         debug: bool | None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.models = models
+        self.prefix_cache = prefix_cache
         self.deterministic = deterministic
         self.registry = registry
         self.costs = costs
@@ -134,9 +139,15 @@ class Executor:
             self.rows[row].stats = SequenceStats()
 
     # -- a completion's row ------------------------------------------------------------------------------------------
-    def open(self, handle: Handle, index: int, row: int) -> Completion:
+    def cached(self, handle: Handle) -> int:
+        """How many of ``handle``'s prompt tokens the prefix cache would copy into a row now."""
+        if self.prefix_cache is None or handle.request.images is not None:
+            return 0
+        return self.prefix_cache.cached(np.asarray(handle.request.ids, np.int64), reuse_limit(self.rows[0].runner.kv))
+
+    def open(self, handle: Handle, index: int, row: int, *, cached: int = 0) -> Completion:
         """Completion ``index`` of ``handle`` on free row ``row``: its host, logits chain and controller (its prompt
-        goes in through the plans' chunks)."""
+        goes in through the plans' chunks, after the ``cached`` tokens the prefix cache copies into the row)."""
         request, plan = handle.request, handle.plan
         target = self.rows[row]
         target.rewind(0)
@@ -181,7 +192,20 @@ class Executor:
             kind=plan.kind,
         )
         target.attach_images(request.images)
+        if cached:
+            assert self.prefix_cache is not None
+            copied = self.prefix_cache.restore(target, ids, limit=cached)
+            if copied != cached:
+                raise SequenceError(
+                    f"the prefix cache copied {copied} tokens of a prompt the plan counted {cached} cached for: the "
+                    "cache changed between the plan and the admission"
+                )
         return completion
+
+    def keep(self, completion: Completion) -> None:
+        """The prefix cache keeps what the completion's row holds (its prompt, or prompt and answer)."""
+        if self.prefix_cache is not None and completion.handle.request.images is None:
+            self.prefix_cache.store(completion.host.target)
 
     def _sequence(self, role: str) -> Sequence:
         spare = self._spare[role]
@@ -276,6 +300,7 @@ class Executor:
     def _started(self, completion: Completion) -> None:
         """The whole prompt is in the row's KV, its last logits ready: start the completion's controller."""
         host = completion.host
+        self.keep(completion)
         completion.controller.start(host)
         completion.forwards_at_decode = host.target.stats.forwards
         # deterministic: a speculating row keeps its controller, whose verify forwards compute its positions as its

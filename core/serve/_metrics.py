@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from decoctl.generation._prefix_cache import PrefixCache
 from decoctl.serve._engine import Engine
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
@@ -12,7 +15,7 @@ __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
 class Metrics:
     """Requests by endpoint and status, the queue and the rows, tokens by controller, time to first token, request
-    seconds and tokens per target forward by controller."""
+    seconds and tokens per target forward by controller, and the prefix cache's hits, tokens saved and bytes."""
 
     def __init__(self, engine: Engine) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -45,6 +48,21 @@ class Metrics:
             registry=self.registry,
         )
         resumed.set_function(lambda: engine.resumed)
+        cache = engine.prefix_cache
+        for name, text, read in (
+            ("decoctl_prefix_cache_hits", "admissions that copied a cached prefix (--prefix-cache-mb)", "hits"),
+            ("decoctl_prefix_cache_lookups", "admissions that looked the prefix cache up", "lookups"),
+            (
+                "decoctl_prefix_cache_tokens_saved",
+                "prompt tokens copied from the prefix cache, not computed",
+                "tokens_saved",
+            ),
+            ("decoctl_prefix_cache_bytes", "bytes of KV the prefix cache holds", "bytes"),
+            ("decoctl_prefix_cache_budget_bytes", "the prefix cache's budget in bytes (0: off)", "budget"),
+            ("decoctl_prefix_cache_evicted_blocks", "blocks the prefix cache dropped for room", "evicted"),
+        ):
+            gauge = Gauge(name, text, registry=self.registry)
+            gauge.set_function(functools.partial(_cache_stat, cache, read))
         self.prompt_tokens = Counter(
             "decoctl_prompt_tokens", "prompt tokens of admitted requests", ("controller",), registry=self.registry
         )
@@ -79,3 +97,8 @@ class Metrics:
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _cache_stat(cache: PrefixCache | None, name: str) -> float:
+    """One of the prefix cache's counters (0 with the cache off)."""
+    return 0 if cache is None else float(getattr(cache.stats(), name))

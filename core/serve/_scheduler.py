@@ -81,6 +81,8 @@ class WaitingView:
     batched: bool = True
     images: bool = False
     cancelled: bool = False
+    #: its prompt's tokens the prefix cache copies into each of its rows at admission (they are not fed)
+    cached: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -237,6 +239,7 @@ class Scheduler:
                         state=_S.PREFILLING,
                         batched=request.batched,
                         prompt=request.prompt,
+                        fed=0 if shared and index else request.cached,
                         images=request.images,
                         leader=rows[0] if shared and index else None,
                         followers=rows[1:] if shared and not index else (),

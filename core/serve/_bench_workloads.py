@@ -1,0 +1,169 @@
+"""``decoctl bench-serve --workload``: loads that share prompt prefixes, for servers that cache them.
+
+- ``prompts`` (the default): each request is one prompt of the file.
+- ``shared-system``: every request is one system prompt (the file's prompts joined up to ``--system-chars``
+  characters, by default ``SYSTEM_CHARS``: about 1,000 tokens with a code-trained BPE tokenizer) followed by a
+  short question (the first line of one of the file's prompts). A server that keeps the system prompt's KV computes
+  only the question.
+- ``chat``: each client holds four-turn conversations over /v1/chat/completions: each turn sends the conversation so
+  far (questions and the server's own answers) and one new question, so turn t's prompt starts with turn t-1's
+  prompt and answer. The level reports each turn's time to first token (p50) beside the usual figures.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from decoctl.errors import ConfigError
+from decoctl.serve._bench import Level, Timing, _events, _percentiles
+
+__all__ = ["SYSTEM_CHARS", "TURNS", "chat_questions", "measure_conversations", "shared_system_prompts"]
+
+#: the shared system prompt's length in characters (about 1,000 tokens of code)
+SYSTEM_CHARS = 4000
+#: turns of each conversation of the chat workload
+TURNS = 4
+
+
+def _questions(prompts: Sequence[str]) -> list[str]:
+    """A short question from each prompt: its first non-empty line."""
+    return [next((line for line in p.splitlines() if line.strip()), p)[:120] for p in prompts]
+
+
+def shared_system_prompts(prompts: Sequence[str], count: int, chars: int = SYSTEM_CHARS) -> list[str]:
+    """``count`` prompts that share one system prompt (``prompts`` joined up to ``chars`` characters), each
+    followed by a short question drawn from ``prompts`` in turn."""
+    if not prompts:
+        raise ConfigError("--workload shared-system needs prompts to build its system prompt from: give --prompts")
+    system = ""
+    while len(system) < chars:
+        system += "\n\n".join(prompts) + "\n\n"
+    system = "You answer questions about this code.\n\n" + system[:chars]
+    questions = _questions(prompts)
+    return [f"{system}\n\nQuestion: complete `{questions[i % len(questions)]}`\n" for i in range(count)]
+
+
+def chat_questions(prompts: Sequence[str], count: int) -> list[list[str]]:
+    """``count`` conversations of TURNS questions each, drawn from ``prompts`` in turn."""
+    if not prompts:
+        raise ConfigError("--workload chat needs prompts to draw its questions from: give --prompts")
+    questions = _questions(prompts)
+    return [
+        [f"Complete this line: {questions[(c * TURNS + t) % len(questions)]}" for t in range(TURNS)]
+        for c in range(count)
+    ]
+
+
+def stream_chat(url: str, body: Mapping[str, Any], api_key: str | None = None) -> tuple[Timing, str]:
+    """Send one streamed chat completion to ``url`` and time its tokens; return the timing and the answer's text."""
+    request = urllib.request.Request(
+        url.rstrip("/") + "/v1/chat/completions",
+        data=json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode(),
+        headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})},
+        method="POST",
+    )
+    started = time.perf_counter()
+    first, last, gaps, counted, usage, text = None, 0.0, [], 0, None, []
+    try:
+        with urllib.request.urlopen(request) as response:
+            for chunk in _events(response):
+                if "error" in chunk:
+                    raise ConfigError(f"{url} refused a request: {chunk['error'].get('message')}")
+                if chunk.get("usage"):
+                    usage = int(chunk["usage"]["completion_tokens"])
+                choices = chunk.get("choices") or []
+                piece = (choices[0].get("delta") or {}).get("content") if choices else None
+                if not piece:
+                    continue
+                text.append(piece)
+                now = time.perf_counter()
+                count = int((chunk.get("decoctl") or {}).get("tokens", 1))
+                if first is None:
+                    first = now - started
+                else:
+                    gaps.extend([(now - last) / count] * count)
+                last, counted = now, counted + count
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", "replace")
+        raise ConfigError(f"{url} answered {exc.code}: {detail[:300]}") from None
+    except urllib.error.URLError as exc:
+        raise ConfigError(f"cannot reach {url} ({exc.reason}): start the server first (decoctl serve)") from None
+    timing = Timing(first_token=first or 0.0, gaps=tuple(gaps), tokens=usage if usage is not None else counted)
+    return timing, "".join(text)
+
+
+def measure_conversations(
+    url: str,
+    conversations: Sequence[Sequence[str]],
+    concurrency: int,
+    *,
+    model: str,
+    max_tokens: int,
+    extra: Mapping[str, Any] | None = None,
+    api_key: str | None = None,
+    server: str = "",
+    controller: str = "greedy",
+) -> Level:
+    """Hold ``conversations`` (each a list of questions) from ``concurrency`` clients, each taking the next
+    conversation when its last ends; every turn is greedy (temperature 0) with ``extra`` in its body."""
+    pending = iter(range(len(conversations)))
+    lock = threading.Lock()
+    timings: list[list[Timing]] = []
+    failures: list[BaseException] = []
+
+    def converse(questions: Sequence[str]) -> list[Timing]:
+        messages: list[dict[str, str]] = []
+        turns = []
+        for question in questions:
+            messages.append({"role": "user", "content": question})
+            body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **(extra or {})}
+            timing, answer = stream_chat(url, body, api_key)
+            messages.append({"role": "assistant", "content": answer})
+            turns.append(timing)
+        return turns
+
+    def client() -> None:
+        while True:
+            with lock:
+                index = next(pending, None)
+            if index is None or failures:
+                return
+            try:
+                turns = converse(conversations[index])
+            except BaseException as exc:  # reported once every client has stopped
+                failures.append(exc)
+                return
+            with lock:
+                timings.append(turns)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    if failures:
+        raise failures[0]
+    every = [t for turns in timings for t in turns]
+    by_turn = tuple(
+        _percentiles([turns[t].first_token for turns in timings if len(turns) > t])[0]
+        for t in range(max((len(turns) for turns in timings), default=0))
+    )
+    return Level(
+        server=server or url,
+        controller=controller,
+        concurrency=concurrency,
+        requests=len(every),
+        tokens=sum(t.tokens for t in every),
+        seconds=round(seconds, 6),
+        ttft=_percentiles([t.first_token for t in every]),
+        itl=_percentiles([gap for t in every for gap in t.gaps]),
+        ttft_by_turn=by_turn,
+    )
