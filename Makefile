@@ -19,7 +19,7 @@ PROMPT ?= def fibonacci(n):
 # pytest on both cores (pytest-xdist); JOBS=1 runs the tests in one process
 JOBS   ?= 2
 
-.PHONY: setup setup-test demo dist test test-installed test-exports test-ray test-page lint docs bench \
+.PHONY: setup setup-test demo dist test test-installed test-exports test-ray test-openvino test-page lint docs bench \
 	real-model-bench eagle-demo encdec-demo clean
 
 $(UV):
@@ -95,6 +95,7 @@ test: lint docs
 	$(MAKE) test-installed
 	$(MAKE) test-exports
 	$(MAKE) test-ray
+	$(MAKE) test-openvino
 
 # Optimum's real exports: optimum-onnx pins an older transformers than the main test environment has, so those
 # tests run in an environment of their own (elsewhere they skip, saying why), from the wheels in dist/
@@ -116,6 +117,21 @@ test-ray: $(DIST_STAMP)
 	mkdir -p $(INSTALLED_RUN) && cd $(INSTALLED_RUN) && DECOCTL_TEST_INSTALLED=1 timeout 900 \
 		$(CURDIR)/$(RAY_VENV)/bin/python -m pytest -q -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) \
 		$(CURDIR)/tests/cluster
+
+# OpenVINO's execution provider: onnxruntime-openvino replaces the onnxruntime package (the same import name), so its
+# tests run in an environment of their own (elsewhere they skip, saying why), from the wheels in dist/ with
+# onnxruntime swapped for it; the run is bounded in time
+OPENVINO_VENV := build/venv-openvino
+OPENVINO_PLUGINS := speculative lookahead eagle models
+test-openvino: $(DIST_STAMP)
+	$(call new_venv,$(OPENVINO_VENV))
+	$(UV_INSTALL) $(OPENVINO_VENV)/bin/python '$(call wheel_of,decoctl)[testing]' 'pytest>=8' \
+		$(foreach n,$(OPENVINO_PLUGINS),'$(call wheel_of,decoctl_$(n))')
+	$(UV) pip uninstall -q --python $(OPENVINO_VENV)/bin/python onnxruntime
+	$(UV_INSTALL) $(OPENVINO_VENV)/bin/python 'onnxruntime-openvino>=1.24'
+	mkdir -p $(INSTALLED_RUN) && cd $(INSTALLED_RUN) && DECOCTL_TEST_INSTALLED=1 timeout 300 \
+		$(CURDIR)/$(OPENVINO_VENV)/bin/python -m pytest -q -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) \
+		$(CURDIR)/tests/openvino
 
 # the server's chat page in headless Chromium through Playwright (opt-in, not CI): Debian's chromium, not a download
 test-page: $(TEST_STAMP)

@@ -18,6 +18,7 @@
     [runtime]
     threads = 1
     prefill_chunk = 256
+    providers = "openvino"  # or ["openvino", "draft=cpu"], or { target = "openvino:device_type=CPU" }
 
 An unknown key, a block nothing consumes, or a role the controller does not use is an error, raised before any
 model is loaded where the file alone shows it.
@@ -34,6 +35,7 @@ from typing import Any
 import attrs
 
 from decoctl.errors import ConfigError
+from decoctl.model._providers import Provider
 
 __all__ = ["RunFile"]
 
@@ -47,7 +49,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "stop": (list, str),
         "processors": (str, list),
     },
-    "runtime": {"threads": int, "prefill_chunk": int},
+    "runtime": {"threads": int, "prefill_chunk": int, "providers": (str, list, dict)},
 }
 
 
@@ -64,6 +66,8 @@ class RunFile:
     processors: str | list[Any] | None
     threads: int | None
     prefill_chunk: int | None
+    #: the execution providers (decoctl.model._providers.ProviderChoice), checked when the file is read
+    providers: str | list[str] | dict[str, str] | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> RunFile:
@@ -124,4 +128,23 @@ class RunFile:
             processors=generation.get("processors"),
             threads=runtime.get("threads"),
             prefill_chunk=runtime.get("prefill_chunk"),
+            providers=_checked_providers(runtime.get("providers"), path),
         )
+
+
+def _checked_providers(
+    value: str | list[Any] | dict[str, Any] | None, path: Path
+) -> str | list[str] | dict[str, str] | None:
+    """[runtime].providers with every entry a provider that parses (decoctl.model._providers), or ConfigError."""
+    entries = [value] if isinstance(value, str) else list(value.values()) if isinstance(value, dict) else value or []
+    for entry in entries:
+        if not isinstance(entry, str):
+            raise ConfigError(
+                f"run file {path}: [runtime].providers entry {entry!r} must be a string such as 'openvino'"
+            )
+        text = entry.partition(":")[0].partition("=")[2] if "=" in entry.partition(":")[0] else entry
+        try:
+            Provider.parse(text)
+        except ConfigError as exc:
+            raise ConfigError(f"run file {path}: [runtime].providers: {exc}") from None
+    return value

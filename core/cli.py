@@ -23,6 +23,7 @@ from decoctl.generation import BatchPrompt, GenerationResult, GenerationStats, G
 from decoctl.importers import IMPORTERS, import_model
 from decoctl.importers._registry import load_registry
 from decoctl.logs import LOGGER
+from decoctl.model._providers import add_provider_argument
 from decoctl.model._tokenizer import require_utf8
 from decoctl.plugins import BUILTIN_PLUGIN, PluginRegistry
 from decoctl.serve._bench import run_bench_serve
@@ -94,6 +95,7 @@ def _add_generate(commands: Any) -> None:
     )
     gen.add_argument("--threads", type=int, help="intra-op threads (default: cores/2, as onnxruntime-genai)")
     gen.add_argument("--prefill-chunk", type=int, help="feed the prompt this many tokens per forward")
+    add_provider_argument(gen)
     add_prefix_cache_argument(gen)
     gen.add_argument("--config", help="a run file (TOML or JSON) declaring roles, controller, limits")
     gen.add_argument("--no-stream", action="store_true", help="print the text at the end instead of streaming")
@@ -181,6 +183,7 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
                 "processors": pick(args.processors, "processors", None),
                 "threads": pick(args.threads, "threads", 1),
                 "prefill_chunk": pick(args.prefill_chunk, "prefill_chunk", None),
+                "providers": pick(args.provider or None, "providers", None),
                 "huge_pages": not args.no_huge_pages,
             },
             batch_size=args.batch_size or 8,
@@ -202,6 +205,7 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         threads=pick(args.threads, "threads", None),
         prefill_chunk=pick(args.prefill_chunk, "prefill_chunk", None),
         registry=registry,
+        providers=pick(args.provider or None, "providers", None),
         huge_pages=not args.no_huge_pages,
         prefix_cache_mb=args.prefix_cache_mb,
     )

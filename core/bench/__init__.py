@@ -45,6 +45,7 @@ from decoctl.errors import ConfigError
 from decoctl.generation import Generator, read_prompt_records
 from decoctl.model import _huge_pages as huge_pages_module
 from decoctl.model._loader import default_threads
+from decoctl.model._providers import CPU, ProviderChoice, add_provider_argument, providers_by_role
 from decoctl.plugins import PluginRegistry, resolve_model
 from decoctl.specs import normalise_name, parse_options
 
@@ -205,9 +206,11 @@ def build_contenders(
     threads: int,
     registry: PluginRegistry,
     huge_pages: bool = False,
+    providers: ProviderChoice = None,
 ) -> list[tuple[str, Contender]]:
     """The contenders ``specs`` name, as (label, contender), over the bench's model and roles (the model's bundle's
-    roles, then ``roles``); each model is loaded once."""
+    roles, then ``roles``); each model is loaded once, on ``providers`` (decoctl.model._providers)."""
+    off_cpu = {p.name for p in providers_by_role(providers, ["target", *roles]).values()} != {CPU.name}
     roles = {**bundle_roles(model, registry), **roles}
     contenders: list[tuple[str, Contender]] = []
     loaded: dict[str | None, Any] = {}
@@ -218,12 +221,22 @@ def build_contenders(
         if own not in loaded:
             reference = own if own is not None else model
             loaded[own] = Generator(
-                {"target": reference}, "greedy", threads=threads, registry=registry, huge_pages=huge_pages
+                {"target": reference},
+                "greedy",
+                threads=threads,
+                registry=registry,
+                huge_pages=huge_pages,
+                providers=providers_by_role(providers, ["target", *roles])["target"],
             ).models["target"]
         return loaded[own]
 
     for spec in specs:
         contender: Contender
+        if off_cpu and spec.name in (*TRANSFORMERS_CONTENDERS, "raw-ort", "ort-genai", *ORT_GENAI_SPECULATIVE):
+            raise ConfigError(
+                f"contender {spec.name} runs on its own runtime's CPU device, not on the providers {providers}: "
+                "bench decoctl's controllers there, or leave --provider out"
+            )
         if spec.name in TRANSFORMERS_CONTENDERS:
             # model=DIR is the transformers weights; the bench's ONNX model gives the EOS ids and start token
             contender = TransformersContender(spec.name, onnx_model(None), threads, spec.options)
@@ -265,6 +278,9 @@ def build_contenders(
                 threads=threads,
                 registry=registry,
                 huge_pages=huge_pages,
+                providers={
+                    r: p for r, p in providers_by_role(providers, ["target", *roles]).items() if r in role_models
+                },
             )
             for role, loaded_model in generator.models.items():
                 opened.setdefault((role, references.get(role)), loaded_model)
@@ -512,6 +528,7 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--max-new-tokens", "-n", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument("--threads", type=int, help="intra-op threads for every contender (default: cores/2)")
+    add_provider_argument(bench)
     bench.add_argument("--json", help="write the report as JSON here")
     bench.add_argument("--plot", help="write a PNG bar chart here")
     bench.add_argument("--require-identical", action="store_true", help="exit 3 if a contender's tokens differ")
@@ -561,6 +578,7 @@ def run(
     huge_pages: bool = False,
     registry: PluginRegistry | None = None,
     progress: Callable[[int, int], None] | None = None,
+    providers: ProviderChoice = None,
 ) -> BenchReport:
     """Run the bench in this process and return its report (``decoctl bench`` without ``--runs``, ``--batch``,
     ``--json`` or ``--plot``, from Python): every contender on every prompt ``repeats`` times, in rotating order,
@@ -570,6 +588,7 @@ def run(
     :param prompts: the prompt texts (None: the built-in code prompts).
     :param roles: models for roles beyond the target (``{"draft": "pycode-draft"}``).
     :param huge_pages: put every contender's weights on 2 MiB pages (process-wide; the command line's default).
+    :param providers: as ``--provider``: the execution providers (decoctl.model._providers; default CPU).
     """
     if repeats < 1 or max_new_tokens < 1 or calibration_pairs < 1:
         raise ConfigError("repeats, max_new_tokens and calibration_pairs must be at least 1")
@@ -581,7 +600,13 @@ def run(
     registry = registry if registry is not None else PluginRegistry()
     count = threads or default_threads()
     built = build_contenders(
-        specs, model=model, roles=dict(roles or {}), threads=count, registry=registry, huge_pages=huge_pages
+        specs,
+        model=model,
+        roles=dict(roles or {}),
+        threads=count,
+        registry=registry,
+        huge_pages=huge_pages,
+        providers=providers,
     )
     if huge_pages:
         # every contender's weights on huge pages alike, onnxruntime-genai's and raw-ort's sessions included
@@ -634,6 +659,8 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
             f"--threads {args.threads}: give 1 or more intra-op threads, or leave it out for the default "
             f"({default_threads()}, one per two cores)"
         )
+    if args.batch is not None and args.provider:
+        raise ConfigError("--provider goes with the single-sequence bench; --batch runs on the CPU provider")
     if args.batch is not None:  # many sequences at once: a comparison of its own (decoctl.bench._batch)
         prompts = load_prompts(args.prompts)
         _prepare_output("--json", args.json)
@@ -678,6 +705,7 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
         huge_pages=not args.no_huge_pages,
         registry=registry,
         progress=progress,
+        providers=args.provider or None,
     )
     print(format_table(report))
     if args.json:

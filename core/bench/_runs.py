@@ -91,6 +91,8 @@ def child_command(args: argparse.Namespace, contenders: str, json_path: Path) ->
         command += ["--threads", str(args.threads)]
     for role in args.role:
         command += ["--role", role]
+    for provider in args.provider:
+        command += ["--provider", provider]
     if args.no_huge_pages:
         command.append("--no-huge-pages")
     return command

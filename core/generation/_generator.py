@@ -37,6 +37,7 @@ from decoctl.host import ForwardSizes, Host, Output, Rows, Sequence, role_flag
 from decoctl.importers._registry import role_defaults
 from decoctl.logs import get_logger
 from decoctl.model._loader import LoadedModel, load_model
+from decoctl.model._providers import Provider, ProviderChoice, providers_by_role
 from decoctl.model._vision import ImageFeatures, no_images
 from decoctl.plugins import (
     PluginRegistry,
@@ -139,6 +140,9 @@ class Generator:
     :param huge_pages: load the models with ``load_model(huge_pages=True)``: their weights on 2 MiB pages, through
         process-wide malloc and madvise settings (off by default; the command line turns it on).
     :param registry: the plugin registry (default: entry points autoloaded).
+    :param providers: the execution provider of every role (``"openvino"``, ``"openvino:device_type=CPU"``), a
+        mapping role -> provider, or a list of ``[ROLE=]PROVIDER`` (decoctl.model._providers; default CPU). A model
+        given already loaded keeps its own.
     """
 
     def __init__(
@@ -153,6 +157,7 @@ class Generator:
         registry: PluginRegistry | None = None,
         debug: bool | None = None,
         huge_pages: bool = False,
+        providers: ProviderChoice = None,
         prefix_cache_mb: float | None = None,
     ) -> None:
         self.registry = registry or PluginRegistry()
@@ -166,7 +171,9 @@ class Generator:
         self.prefill_chunk = prefill_chunk
         self.debug = debug
         self.roles = self.spec.active_roles(self.options)
-        self.models = self._load_roles(dict(models or {}), threads, huge_pages)
+        self.models = self._load_roles(
+            dict(models or {}), threads, huge_pages, providers_by_role(providers, self.roles)
+        )
         #: the target's prompts and answers kept for the prompts that continue them (None: off)
         self.prefix_cache = (
             None if prefix_cache_mb is None else PrefixCache.for_model(self.models["target"], prefix_cache_mb)
@@ -182,7 +189,11 @@ class Generator:
 
     # -- set-up -----------------------------------------------------------------------------------------
     def _load_roles(
-        self, given: dict[str, str | Path | LoadedModel | None], threads: int | None, huge_pages: bool
+        self,
+        given: dict[str, str | Path | LoadedModel | None],
+        threads: int | None,
+        huge_pages: bool,
+        providers: Mapping[str, Provider],
     ) -> dict[str, LoadedModel]:
         given.setdefault("target", None)
         unused = sorted(set(given) - set(self.roles))
@@ -213,7 +224,7 @@ class Generator:
                 loaded[role] = reference
                 continue
             name, path = resolve_model(reference, self.registry)
-            loaded[role] = load_model(path, name=name, threads=threads, huge_pages=huge_pages)
+            loaded[role] = load_model(path, name=name, threads=threads, huge_pages=huge_pages, provider=providers[role])
         self._check_roles(loaded)
         return loaded
 

@@ -20,6 +20,7 @@ from decoctl.model._encoder_decoder import Encoder, read_encoder
 from decoctl.model._gemma3_vision import gemma3_images
 from decoctl.model._kv_cache import kv_dtype, kv_shape
 from decoctl.model._prefill import PrefillGraph, read_prefill
+from decoctl.model._providers import CPU, Provider, SessionWithoutFallback
 from decoctl.model._qwen_vl import qwen_vision
 from decoctl.model._ring_cache import DEFAULT_SLACK, RingLayer
 from decoctl.model._ring_probe import probe_rings
@@ -88,6 +89,8 @@ class LoadedModel:
     vision: VisionParts | None = None
     #: a split export's prefill graph (decoctl.model._prefill): multi-token forwards run it chunk by chunk
     prefill: PrefillGraph | None = None
+    #: the execution provider its sessions run on (decoctl.model._providers)
+    provider: Provider = CPU
 
 
 def load_model(
@@ -98,6 +101,7 @@ def load_model(
     feed_lengths: bool | None = None,
     huge_pages: bool = False,
     ring_slack: int = DEFAULT_SLACK,
+    provider: str | Provider = CPU,
 ) -> LoadedModel:
     """Load a model folder in the onnxruntime-genai or Optimum layout.
 
@@ -113,8 +117,12 @@ def load_model(
         model's step faster and steadier across sessions (huge_pages.py has the measurement).
     :param ring_slack: positions a sliding-window layer with a ring cache keeps beyond its window, the depth of
         the rewinds and the size of the trees that stay exact there (decoctl.model._ring_cache).
+    :param provider: the execution provider and its options, ``"openvino"`` or ``"openvino:device_type=CPU"`` or a
+        Provider (decoctl.model._providers; default CPU); one this onnxruntime lacks is refused with its package.
     """
     spec = ModelSpec.from_folder(path)
+    provider = Provider.parse(provider)
+    provider.check_installed()
     options = session_options(threads)
     if feed_lengths is None:
         feed_lengths = os.environ.get("DECOCTL_FEED_LENGTHS", "1") not in ("0", "")
@@ -124,15 +132,15 @@ def load_model(
     source = rewritten.model if rewritten else _graph_bytes(spec) if spec.layout == "genai" else None
     windowed = _window_in_bias(spec, source, ring_slack) if source is not None else None
     graph = windowed.model if windowed else rewritten.model if rewritten else None
-    graph = _with_logits_from(spec, graph if graph is not None else source) or graph
+    graph = _with_logits_from(spec, graph if graph is not None else source, provider) or graph
     rings = _ring_layers(spec, source, windowed, ring_slack)
     parts = spec.encoder_decoder
     others: tuple[ort.InferenceSession, ort.InferenceSession] | None = None
     with pages.contiguous_allocations() if huge_pages else contextlib.nullcontext():
-        session = _session(spec.onnx_file, graph, options)
+        session = _session(spec.onnx_file, graph, options, provider)
         if parts is not None:  # an encoder-decoder model's encoder and first-pass decoder, each opened once
-            first = session if parts.merged else _session(parts.first_file, None, options)
-            others = (_session(parts.encoder_file, None, options), first)
+            first = session if parts.merged else _session(parts.first_file, None, options, provider)
+            others = (_session(parts.encoder_file, None, options, provider), first)
     if huge_pages:
         # the weights now sit in onnxruntime's buffers: put them on huge pages (see huge_pages.py for the measurement)
         pages.collapse()
@@ -145,7 +153,7 @@ def load_model(
         session, spec, rewritten.inputs if rewritten else None, windowed.windows if windowed else (), rings
     )
     encoder = None if others is None else read_encoder(spec, *others, session)
-    vision, prefill = _composite(spec, session, capabilities, options)
+    vision, prefill = _composite(spec, session, capabilities, options, provider)
     tokenizer = Tokenizer.from_file(spec.tokenizer_file, bos_token_id=spec.bos_token_id, add_bos=spec.add_bos)
     _check_vocabulary(spec, session, tokenizer)
     model = LoadedModel(
@@ -158,6 +166,7 @@ def load_model(
         encoder=encoder,
         vision=vision,
         prefill=prefill,
+        provider=provider,
     )
     log.debug(
         "decoctl.model_loaded",
@@ -166,20 +175,28 @@ def load_model(
         capabilities=capabilities.names(),
         threads=model.threads,
         fed_lengths=rewritten is not None,
+        providers=session.get_providers(),
     )
     return model
 
 
-def _session(onnx_file: Path, graph: bytes | None, options: ort.SessionOptions) -> ort.InferenceSession:
-    """An onnxruntime session of ``onnx_file`` (or of ``graph``, that file rewritten in memory), or ModelLoadError
-    naming the file and what is wrong with it."""
+def _session(
+    onnx_file: Path, graph: bytes | None, options: ort.SessionOptions, provider: Provider = CPU
+) -> ort.InferenceSession:
+    """An onnxruntime session of ``onnx_file`` (or of ``graph``, that file rewritten in memory) on ``provider``, or
+    ModelLoadError naming the file and what is wrong with it (ConfigError where the provider refused its options)."""
+    providers = provider.session_providers()
     try:
         if graph is None:
-            return ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
-        # the graph comes from memory; its external data still lies next to the file it was read from
-        options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(onnx_file.parent))
-        return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+            session = SessionWithoutFallback(str(onnx_file), options, providers=providers)
+        else:
+            # the graph comes from memory; its external data still lies next to the file it was read from
+            options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(onnx_file.parent))
+            session = SessionWithoutFallback(graph, options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types; all mean "not loadable"
+        refused = provider.refused(exc, onnx_file)
+        if refused is not None:
+            raise refused from exc
         damaged = _external_data_problem(onnx_file)
         if damaged:
             raise ModelLoadError(f"onnxruntime could not load {onnx_file}: {damaged}") from exc
@@ -187,6 +204,8 @@ def _session(onnx_file: Path, graph: bytes | None, options: ort.SessionOptions) 
             f"onnxruntime could not load {onnx_file} ({type(exc).__name__}: {exc}): the file is corrupt "
             "or was exported for a newer onnxruntime; re-export it"
         ) from exc
+    provider.check_session(session, onnx_file)
+    return session
 
 
 def _with_graph_kv(spec: ModelSpec, session: ort.InferenceSession) -> ModelSpec:
@@ -289,7 +308,11 @@ _SPLIT = {"prefill", "decoder"}
 
 
 def _composite(
-    spec: ModelSpec, decoder: ort.InferenceSession, capabilities: Capabilities, options: ort.SessionOptions
+    spec: ModelSpec,
+    decoder: ort.InferenceSession,
+    capabilities: Capabilities,
+    options: ort.SessionOptions,
+    provider: Provider = CPU,
 ) -> tuple[VisionParts | None, PrefillGraph | None]:
     """A composite folder's other sessions, opened and checked against its pipeline description (every edge, port,
     type and fixed size) before any of them runs: (vision parts, prefill graph), None where the folder has none."""
@@ -320,7 +343,7 @@ def _composite(
         path = spec.path / stages[name].file
         if not path.is_file():
             raise ModelLoadError(f"{description.origin}: session {name!r} names {path}, which does not exist")
-        sessions[name] = _session(path, None, options)
+        sessions[name] = _session(path, None, options, provider)
     description.validate({name: pipelines.ports_of(session) for name, session in sessions.items()})
     if "prefill" in stages:
         if not stages["prefill"].shares_kv:
@@ -432,10 +455,13 @@ def _window_in_bias(spec: ModelSpec, graph: bytes, ring_slack: int) -> window_bi
     return result
 
 
-def _with_logits_from(spec: ModelSpec, graph: bytes | None) -> bytes | None:
+def _with_logits_from(spec: ModelSpec, graph: bytes | None, provider: Provider = CPU) -> bytes | None:
     """The graph with an input that picks the first position its LM head computes (a prompt's forward then computes
     the last row only: decoctl.model.graph._logit_rows), or None where it stays as it is."""
     if graph is None:
+        return None
+    if not provider.takes_logit_rows:
+        log.debug("decoctl.logits_from_kept", model=str(spec.path), reason=f"provider {provider.short}")
         return None
     try:
         result = logit_rows.rewrite(graph, spec.logits_name)

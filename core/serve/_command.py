@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from decoctl.errors import ConfigError
 from decoctl.generation._tool_formats import TOOL_FORMATS
 from decoctl.model._image_processor import MAX_IMAGES, MAX_PIXELS
+from decoctl.model._providers import add_provider_argument
 from decoctl.plugins import PluginRegistry
 from decoctl.serve._join_rule import PREFILL_SHARE, JoinRule
 
@@ -58,6 +59,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="intra-op threads (default: cores/2, as onnxruntime-genai)")
     parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template instead of the model's own")
     parser.add_argument("--no-huge-pages", action="store_true", help=HUGE_PAGES_HELP)
+    add_provider_argument(parser)
 
 
 def add_serve_parsers(commands: Any) -> None:
@@ -145,6 +147,7 @@ def add_serve_parsers(commands: Any) -> None:
 def load_roles(args: argparse.Namespace, registry: PluginRegistry) -> dict[str, Any]:
     """The models the command's flags name, loaded: the target, its bundle's other roles, --draft and --role."""
     from decoctl.model._loader import load_model
+    from decoctl.model._providers import providers_by_role
     from decoctl.plugins import resolve_model
     from decoctl.specs import normalise_name
 
@@ -157,10 +160,15 @@ def load_roles(args: argparse.Namespace, registry: PluginRegistry) -> dict[str, 
         references["draft"] = args.draft
     references.update(_key_values(args.role, "--role"))
     huge = not args.no_huge_pages
-    models = {"target": load_model(path, name=name, threads=args.threads, huge_pages=huge)}
+    providers = providers_by_role(args.provider or None, ["target", *references])
+    models = {
+        "target": load_model(path, name=name, threads=args.threads, huge_pages=huge, provider=providers["target"])
+    }
     for role, reference in references.items():
         role_name, role_path = resolve_model(reference, registry)
-        models[role] = load_model(role_path, name=role_name, threads=args.threads, huge_pages=huge)
+        models[role] = load_model(
+            role_path, name=role_name, threads=args.threads, huge_pages=huge, provider=providers[role]
+        )
     return models
 
 
@@ -256,6 +264,7 @@ def run_chat(
         registry=registry,
         threads=args.threads,
         huge_pages=not args.no_huge_pages,
+        providers=args.provider or None,
         prefix_cache_mb=args.prefix_cache_mb,
     )
     target = generator.models["target"]
