@@ -159,6 +159,12 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.deterministic = deterministic
         self.join_rule = join_rule or JoinRule()
+        if deterministic and prefix_cache_mb is not None:
+            raise ConfigError(
+                "--deterministic promises each answer bitwise decoctl generate's, but a prefix cache copies KV that "
+                "another request's forwards computed (an answer's in one-token steps), which differs from a whole "
+                "prompt's forward in the last bits: use one of --deterministic and --prefix-cache-mb"
+            )
         #: the target's prompts and answers kept for the requests that continue them (None: off)
         self.prefix_cache = None if prefix_cache_mb is None else PrefixCache.for_model(target, prefix_cache_mb)
         self.executor = Executor(

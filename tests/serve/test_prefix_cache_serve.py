@@ -123,3 +123,14 @@ def test_chat_turns_through_the_server_reuse_the_conversation_and_metrics_count_
     assert f"decoctl_prefix_cache_hits {float(stats.hits)}" in metrics
     assert f"decoctl_prefix_cache_tokens_saved {float(stats.tokens_saved)}" in metrics
     assert f"decoctl_prefix_cache_bytes {float(stats.bytes)}" in metrics and stats.bytes > 0
+
+
+def test_a_deterministic_engine_refuses_the_prefix_cache(tiny_model: Path) -> None:
+    with pytest.raises(ConfigError, match="use one of --deterministic and --prefix-cache-mb"):
+        Engine(
+            {"target": load_model(tiny_model)},
+            registry=plugin_registry(),
+            max_rows=2,
+            deterministic=True,
+            prefix_cache_mb=8,
+        )
