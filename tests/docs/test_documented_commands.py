@@ -192,6 +192,21 @@ IMPORT_EXTRA = Need.modules(
 )
 RAY = Need.modules("ray", fix="the ray extra: make test-docs-optin runs these in build/venv-ray")
 ORT_GENAI = Need.modules("onnxruntime_genai", fix="pip install -e '.[ort-genai]'")
+
+
+def provider_need(name: str, fix: str) -> Need:
+    """An onnxruntime execution provider (docs/PROVIDERS.md): its package replaces onnxruntime's."""
+
+    def missing() -> str | None:
+        import onnxruntime as ort
+
+        return None if name in ort.get_available_providers() else f"needs {name}: {fix}"
+
+    return Need(missing)
+
+
+OPENVINO = provider_need("OpenVINOExecutionProvider", "make test-openvino builds build/venv-openvino with it")
+CUDA = provider_need("CUDAExecutionProvider", "onnxruntime-gpu on a machine with an NVIDIA GPU")
 PLOT = Need.modules("matplotlib", fix="pip install -e '.[bench]'")
 TORCH = Need.modules("torch", "transformers", fix="pip install torch==2.13.0 transformers")
 EAGLE_TRAIN = Need.modules("torch", "tqdm", "onnx", fix="pip install -e 'plugins/eagle[train]'")
@@ -225,6 +240,7 @@ SERVE_PYCODE = "decoctl serve -m pycode --max-rows 8 --max-queue 64"
 IMPORT = "decoctl models import gemma3-270m"
 IMPORT_INT8 = "decoctl models import gemma3-270m --int8"
 IMPORT_FULL_KV = "decoctl models import gemma3-270m --full-kv"
+IMPORT_INT8_FULL_KV = "decoctl models import gemma3-270m --int8 --full-kv"
 GEMMA_TREE = "decoctl models enable-tree gemma3-270m build/gemma3-270m-tree"
 BENCH_DIR = "mkdir -p build/bench"
 TUNING_PROMPTS = ".venv/bin/python tools/make_code_prompts.py --files 1,3,5,7,9 --out build/tuning_prompts.jsonl"
@@ -362,6 +378,21 @@ OPT_IN: dict[str, Run] = {
     IMPORT: Run(timeout=1800, needs=(IMPORT_EXTRA,)),
     IMPORT_INT8: Run(timeout=1800, needs=(IMPORT_EXTRA,)),
     IMPORT_FULL_KV: Run(timeout=1800, needs=(IMPORT_EXTRA,)),
+    IMPORT_INT8_FULL_KV: Run(timeout=1800, needs=(IMPORT_EXTRA,)),
+    'decoctl generate "def fibonacci(n):" --provider openvino --threads 1': Run(needs=(OPENVINO,)),
+    'decoctl generate "def fibonacci(n):" --provider cuda:device_id=0 --threads 1': Run(needs=(CUDA,)),
+    "for threads in 1 2; do for provider in cpu openvino; do decoctl bench -m gemma3-270m-int8-fullkv --provider "
+    "$provider --threads $threads --contenders 'greedy,pl=speculative(drafter=prompt-lookup)' --prompts "
+    "examples/real_model_prompts.jsonl -n 64 --repeats 3 --require-identical --json "
+    "build/bench/providers-int8-$provider-$threads.json; done; done": gemma(
+        4 * 3600, after=(IMPORT_INT8_FULL_KV, BENCH_DIR), needs=(OPENVINO, LONG)
+    ),
+    "for threads in 1 2; do for provider in cpu openvino; do decoctl bench -m gemma3-270m-fullkv --provider "
+    "$provider --threads $threads --contenders 'greedy,pl=speculative(drafter=prompt-lookup)' --prompts "
+    "examples/real_model_prompts.jsonl -n 64 --repeats 3 --require-identical --json "
+    "build/bench/providers-fp32-$provider-$threads.json; done; done": gemma(
+        4 * 3600, after=(IMPORT_FULL_KV, BENCH_DIR), needs=(OPENVINO, LONG)
+    ),
     "decoctl models import gemma3-270m && decoctl models import gemma3-270m --full-kv": gemma(3600, after=()),
     'decoctl generate --model gemma3-270m "The capital of France is" -n 20': gemma(),
     'decoctl generate --model gemma3-270m "The capital of France is" -n 20 --threads 1': gemma(),
@@ -666,6 +697,10 @@ PLACEHOLDER = "a placeholder for the reader's own {}"
 NOT_RUN: dict[str, str] = {
     "make demo": ENVIRONMENT,
     "make test": ENVIRONMENT,
+    "make test-openvino": "builds build/venv-openvino (onnxruntime-openvino in place of onnxruntime) and runs "
+    "tests/openvino there; make test runs it",
+    "pip uninstall -y onnxruntime && pip install onnxruntime-openvino": INSTALL,
+    "pip uninstall -y onnxruntime && pip install onnxruntime-gpu": INSTALL,
     "make dist": "builds every sdist and wheel: make test builds and installs them (make test-installed)",
     "python3.11 -m venv ~/decoctl-env && ~/decoctl-env/bin/pip install dist/*.whl": INSTALL,
     "pip install -e '.[ort-genai,bench]'": INSTALL,
