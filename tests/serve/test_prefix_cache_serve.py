@@ -134,3 +134,30 @@ def test_a_deterministic_engine_refuses_the_prefix_cache(tiny_model: Path) -> No
             deterministic=True,
             prefix_cache_mb=8,
         )
+
+
+def test_decoctl_chat_with_the_cache_copies_the_history_and_answers_the_same(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io
+
+    from decoctl.cli import main
+    from decoctl.generation._prefix_cache import PrefixCache
+
+    copied: list[int] = []
+    restore = PrefixCache.restore
+
+    def recorded(self: PrefixCache, *args: Any, **kwargs: Any) -> int:
+        copied.append(restore(self, *args, **kwargs))
+        return copied[-1]
+
+    monkeypatch.setattr(PrefixCache, "restore", recorded)
+    system = ["--system", SYSTEM]
+    transcripts = []
+    for flags in ([], ["--prefix-cache-mb", "8"]):
+        monkeypatch.setattr("sys.stdin", io.StringIO("def f(x):\nand g?\nand h?\n/quit\n"))
+        assert main(["chat", "-m", str(tiny_model), "-n", "8", "--no-huge-pages", *system, *flags]) == 0
+        transcripts.append(capsys.readouterr().out.splitlines()[1:])
+    assert transcripts[0] == transcripts[1]
+    # the second and third turns copy the system prompt and the turns before them
+    assert len(copied) == 3 and copied[0] == 0 and copied[2] > copied[1] >= 8 * BLOCK_TOKENS
