@@ -96,6 +96,12 @@ def _add_generate(commands: Any) -> None:
     gen.add_argument("--threads", type=int, help="intra-op threads (default: cores/2, as onnxruntime-genai)")
     gen.add_argument("--prefill-chunk", type=int, help="feed the prompt this many tokens per forward")
     add_provider_argument(gen)
+    gen.add_argument(
+        "--adapter",
+        metavar="NAME=FILE.onnx_adapter",
+        help="a LoRA adapter of the target in onnxruntime's adapter format, loaded and used for this generation "
+        "(the model needs LoRA slots: docs/ADAPTERS.md)",
+    )
     add_prefix_cache_argument(gen)
     gen.add_argument("--config", help="a run file (TOML or JSON) declaring roles, controller, limits")
     gen.add_argument("--no-stream", action="store_true", help="print the text at the end instead of streaming")
@@ -206,6 +212,7 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         prefill_chunk=pick(args.prefill_chunk, "prefill_chunk", None),
         registry=registry,
         providers=pick(args.provider or None, "providers", None),
+        adapters=_key_values([args.adapter], "--adapter") if args.adapter else None,
         huge_pages=not args.no_huge_pages,
         prefix_cache_mb=args.prefix_cache_mb,
     )
@@ -215,6 +222,10 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         "stop": stop,
         "seed": pick(args.seed, "seed", 0),
     }
+    if args.adapter:
+        if batch is not None:
+            raise ConfigError("--adapter goes with one prompt; --prompts runs on the base model")
+        kwargs["adapter"] = next(iter(_key_values([args.adapter], "--adapter")))
     if batch is not None:
         if args.image:
             raise ConfigError("--image goes with one prompt; with --prompts, give each prompt its own run")

@@ -36,6 +36,7 @@ from decoctl.generation._tool_formats import template_messages, tool_format_for
 from decoctl.host import ForwardSizes, Host, Output, Rows, Sequence, role_flag
 from decoctl.importers._registry import role_defaults
 from decoctl.logs import get_logger
+from decoctl.model._adapters import Adapter, adapter_slots, bind_adapter, check_adapter, chosen_adapter, read_adapter
 from decoctl.model._loader import LoadedModel, load_model
 from decoctl.model._providers import Provider, ProviderChoice, providers_by_role
 from decoctl.model._vision import ImageFeatures, no_images
@@ -143,6 +144,9 @@ class Generator:
     :param providers: the execution provider of every role (``"openvino"``, ``"openvino:device_type=CPU"``), a
         mapping role -> provider, or a list of ``[ROLE=]PROVIDER`` (decoctl.model._providers; default CPU). A model
         given already loaded keeps its own.
+    :param adapters: LoRA adapters of the target, name -> an ``.onnx_adapter`` file or a read Adapter
+        (decoctl.model._adapters), each checked against the target's LoRA slots now; a generation picks one with
+        ``adapter=NAME`` (none: the base model).
     """
 
     def __init__(
@@ -158,6 +162,7 @@ class Generator:
         debug: bool | None = None,
         huge_pages: bool = False,
         providers: ProviderChoice = None,
+        adapters: Mapping[str, str | Path | Adapter] | None = None,
         prefix_cache_mb: float | None = None,
     ) -> None:
         self.registry = registry or PluginRegistry()
@@ -186,6 +191,10 @@ class Generator:
         self._lock = threading.Lock()
         #: the generation whose state the KV caches hold (an unfinished stream's between its items), or None
         self._active: _Run | None = None
+        #: the target's LoRA adapters (decoctl.model._adapters), the one the next generation runs, what is bound
+        self.adapters = self._load_adapters(dict(adapters or {}))
+        self._adapter_next: Adapter | None = None
+        self._adapter_bound: list[np.ndarray] = []
 
     # -- set-up -----------------------------------------------------------------------------------------
     def _load_roles(
@@ -227,6 +236,26 @@ class Generator:
             loaded[role] = load_model(path, name=name, threads=threads, huge_pages=huge_pages, provider=providers[role])
         self._check_roles(loaded)
         return loaded
+
+    def _load_adapters(self, given: dict[str, str | Path | Adapter]) -> dict[str, Adapter]:
+        """The adapters read and checked against the target's LoRA slots (ModelLoadError naming what does not fit)."""
+        if not given:
+            return {}
+        if self.spec.rows(self.options) > 1 or self.prefix_cache is not None:
+            raise ConfigError(
+                f"adapters run with one row of the target and no prefix cache; controller {self.spec.name!r} with "
+                f"these options uses {self.spec.rows(self.options)} rows"
+                f"{' and a prefix cache is on' if self.prefix_cache is not None else ''}: use greedy, sample or a "
+                "drafting controller without a prefix cache"
+            )
+        target = self.models["target"]
+        self._adapter_slots = adapter_slots(target.session)
+        adapters = {}
+        for name, source in given.items():
+            adapter = source if isinstance(source, Adapter) else read_adapter(source, name=name)
+            check_adapter(adapter, self._adapter_slots, target.name)
+            adapters[name] = adapter
+        return adapters
 
     def _check_roles(self, loaded: Mapping[str, LoadedModel]) -> None:
         check_models(self.spec, self.options, loaded)
@@ -327,6 +356,7 @@ class Generator:
         max_new_tokens: int = 128,
         stop: tuple[str, ...] | list[str] = (),
         seed: int | None = 0,
+        adapter: str | None = None,
         images: Seq[Any] = (),
     ) -> Iterator[str]:
         """Yield text pieces as they are committed. ``self.last`` holds the GenerationResult afterwards.
@@ -340,8 +370,10 @@ class Generator:
         (``stop_reason`` "closed").
         """
         pieces: list[str] = []
+        chosen = chosen_adapter(self.adapters, adapter)
         self._acquire()
         try:
+            self._adapter_next = chosen
             request = self._request(prompt, max_new_tokens, stop, seed, images)
             run = self._begin(request, lambda _tokens, text: pieces.append(text))
         finally:
@@ -379,6 +411,7 @@ class Generator:
         max_new_tokens: int = 128,
         stop: tuple[str, ...] | list[str] = (),
         seed: int | None = 0,
+        adapter: str | None = None,
         images: Seq[Any] = (),
     ) -> GenerationResult:
         """Run one generation to its end and return its text, tokens and stats. Nothing streams, so the text is
@@ -387,8 +420,10 @@ class Generator:
 
         An error inside raises GenerationError, which keeps the text so far; a KeyboardInterrupt propagates as it
         is, after the end hook, with the text so far in ``self.last``."""
+        chosen = chosen_adapter(self.adapters, adapter)
         self._acquire()
         try:
+            self._adapter_next = chosen
             request = self._request(prompt, max_new_tokens, stop, seed, images)
             for _ in self._steps(self._begin(request, None)):
                 pass
@@ -601,6 +636,10 @@ class Generator:
         if request.source is not None:  # every role's encoder reads the source once per generation
             for sequence in sequences:
                 sequence.encode(request.source)
+        adapter, self._adapter_next = self._adapter_next, None
+        if self.adapters:  # every generation binds its adapter's values, or zeros: none stays from the last
+            bind = host.target.runner._fast.bind_input
+            self._adapter_bound = bind_adapter(bind, self._adapter_slots, adapter)
         if request.images is not None:
             host.target.attach_images(request.images)
         if self.prefix_cache is None:

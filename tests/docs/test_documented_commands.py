@@ -701,6 +701,9 @@ NOT_RUN: dict[str, str] = {
     "tests/openvino there; make test runs it",
     "pip uninstall -y onnxruntime && pip install onnxruntime-openvino": INSTALL,
     "pip uninstall -y onnxruntime && pip install onnxruntime-gpu": INSTALL,
+    'decoctl generate "def f(x):" --model BASE_FOLDER --adapter sql=sql.onnx_adapter': PLACEHOLDER.format(
+        "base model with LoRA slots and adapter file"
+    ),
     "make dist": "builds every sdist and wheel: make test builds and installs them (make test-installed)",
     "python3.11 -m venv ~/decoctl-env && ~/decoctl-env/bin/pip install dist/*.whl": INSTALL,
     "pip install -e '.[ort-genai,bench]'": INSTALL,
