@@ -20,6 +20,7 @@ from decoctl._runfile import RunFile
 from decoctl.bench import HUGE_PAGES_HELP, add_bench_parser, run_bench
 from decoctl.errors import ConfigError, DecoctlError, GenerationError, PluginError
 from decoctl.generation import BatchPrompt, GenerationResult, GenerationStats, Generator, read_prompts, result_record
+from decoctl.generation._speech import audio_windows
 from decoctl.importers import IMPORTERS, import_model
 from decoctl.importers._registry import load_registry
 from decoctl.logs import LOGGER
@@ -92,6 +93,16 @@ def _add_generate(commands: Any) -> None:
         default=[],
         metavar="FILE",
         help="an image for a vision-language model (repeatable): one per image token of the prompt, in order",
+    )
+    gen.add_argument(
+        "--audio",
+        metavar="FILE.wav",
+        help="speech to transcribe with a speech model (Whisper): a PCM WAV file at the model's rate, any length "
+        "(30 s windows, one after another); no prompt",
+    )
+    gen.add_argument("--language", help="with --audio: the spoken language (en, fr, ...) of a multilingual model")
+    gen.add_argument(
+        "--task", choices=("transcribe", "translate"), help="with --audio: transcribe (default) or translate"
     )
     gen.add_argument("--threads", type=int, help="intra-op threads (default: cores/2, as onnxruntime-genai)")
     gen.add_argument("--prefill-chunk", type=int, help="feed the prompt this many tokens per forward")
@@ -166,6 +177,8 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         require_utf8(prompt, "the prompt on standard input")
     elif prompt is not None:
         require_utf8(prompt, "the prompt")
+    if args.audio is not None and prompt is None:
+        prompt = ""  # a speech model's decoder starts from its task tokens
     if prompt is None and batch is None:
         raise DecoctlError(
             "no prompt: give one as an argument, '-' for standard input, in the run file, or --prompts FILE.jsonl"
@@ -232,20 +245,29 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         return _run_batch(generator, batch, args.batch_size, kwargs, args.stats)
     if args.image:
         kwargs["images"] = tuple(args.image)
+    runs: list[dict[str, Any]] = [kwargs]
+    if args.audio is not None:
+        if batch is not None:
+            raise ConfigError("--audio goes with one run; with --prompts, give each file its own run")
+        windows = audio_windows(generator.models["target"], args.audio)
+        runs = [{**kwargs, "audio": w, "language": args.language, "task": args.task} for w in windows]
+    elif args.language is not None or args.task is not None:
+        raise ConfigError("--language and --task go with --audio (a speech model's prompt tokens)")
     out = sys.stdout
     # with --no-stream the pieces are collected rather than printed, so that an interrupt still prints them; so
     # they are with several rows per prompt (parallel samples, beams), whose first completion is known at the end
     quiet = args.no_stream or generator.spec.rows(generator.options) > 1
     pieces: list[str] = []
     try:
-        for piece in generator.stream(prompt, **kwargs):
-            pieces.append(piece)
-            if not quiet:
-                out.write(piece)
-                out.flush()
+        for one in runs:  # one run, or one per window of long audio
+            for piece in generator.stream(prompt, **one):
+                pieces.append(piece)
+                if not quiet:
+                    out.write(piece)
+                    out.flush()
         result = generator.last
         if quiet:
-            out.write(result.text)
+            out.write("".join(pieces) if len(runs) > 1 else result.text)
     except GenerationError as exc:
         out.write(exc.text if quiet else "")
         out.write("\n")

@@ -31,6 +31,7 @@ from decoctl.generation._chat_template import ChatPrompt, ChatTemplate, encode_p
 from decoctl.generation._opening import check_choice, check_models, make_controller, open_host
 from decoctl.generation._prefix_cache import PrefixCache, prefill_cached
 from decoctl.generation._results import GenerationResult, GenerationStats
+from decoctl.generation._speech import speech_request
 from decoctl.generation._tool_answers import marked_text, parse_answer
 from decoctl.generation._tool_formats import template_messages, tool_format_for
 from decoctl.host import ForwardSizes, Host, Output, Rows, Sequence, role_flag
@@ -358,10 +359,15 @@ class Generator:
         seed: int | None = 0,
         adapter: str | None = None,
         images: Seq[Any] = (),
+        audio: Any = None,
+        language: str | None = None,
+        task: str | None = None,
     ) -> Iterator[str]:
         """Yield text pieces as they are committed. ``self.last`` holds the GenerationResult afterwards.
         ``images`` (paths, bytes or PIL images): a vision-language target's images, one per image token of the
-        prompt, in order.
+        prompt, in order. ``audio`` (a PCM WAV path or its bytes, or float32 samples at the model's rate, up to one
+        30 s window; the prompt empty): a speech model's input, ``language`` and ``task`` its prompt tokens
+        (decoctl.generation._speech; longer audio: decoctl.generation.transcribe).
 
         The generation starts at the first item and runs while the stream is read. On a GenerationError the stream
         first yields what it has not yet given of the error's ``text`` (the pieces always join to it), then raises.
@@ -374,7 +380,7 @@ class Generator:
         self._acquire()
         try:
             self._adapter_next = chosen
-            request = self._request(prompt, max_new_tokens, stop, seed, images)
+            request = self._request(prompt, max_new_tokens, stop, seed, images, (audio, language, task))
             run = self._begin(request, lambda _tokens, text: pieces.append(text))
         finally:
             self._lock.release()
@@ -413,10 +419,13 @@ class Generator:
         seed: int | None = 0,
         adapter: str | None = None,
         images: Seq[Any] = (),
+        audio: Any = None,
+        language: str | None = None,
+        task: str | None = None,
     ) -> GenerationResult:
         """Run one generation to its end and return its text, tokens and stats. Nothing streams, so the text is
-        decoded once at the end (unless stop strings or commit observers need it as it grows). ``images``: as
-        :meth:`stream`'s.
+        decoded once at the end (unless stop strings or commit observers need it as it grows). ``images``,
+        ``audio``, ``language`` and ``task``: as :meth:`stream`'s.
 
         An error inside raises GenerationError, which keeps the text so far; a KeyboardInterrupt propagates as it
         is, after the end hook, with the text so far in ``self.last``."""
@@ -424,7 +433,7 @@ class Generator:
         self._acquire()
         try:
             self._adapter_next = chosen
-            request = self._request(prompt, max_new_tokens, stop, seed, images)
+            request = self._request(prompt, max_new_tokens, stop, seed, images, (audio, language, task))
             for _ in self._steps(self._begin(request, None)):
                 pass
         finally:
@@ -534,13 +543,25 @@ class Generator:
 
     # -- one request's life: opened, started, stepped, finished or failed -------------------------------------
     def _request(
-        self, prompt: str, max_new_tokens: int, stop: Any, seed: int | None, images: Seq[Any] = ()
+        self,
+        prompt: str,
+        max_new_tokens: int,
+        stop: Any,
+        seed: int | None,
+        images: Seq[Any] = (),
+        speech: tuple[Any, str | None, str | None] = (None, None, None),
     ) -> _Request:
         """``prompt`` and its limits checked and encoded (ConfigError otherwise): the same for a generation, a
         stream and each prompt of a batch. A vision-language target's images run through its vision encoder here,
         once each, and each image token of the prompt becomes as many as its image gave features."""
         stop = _checked_request(max_new_tokens, stop, seed)
         target = self.models["target"]
+        audio, language, task = speech
+        if audio is not None or (target.encoder is not None and target.encoder.audio is not None):
+            heard = speech_request(target, prompt, audio, language=language, task=task)
+            return _Request(
+                prompt=prompt, ids=heard.ids, max_new_tokens=max_new_tokens, stop=stop, seed=seed, source=heard.source
+            )
         ids = np.asarray(encode_prompt(target.tokenizer, prompt), np.int64)  # a ChatPrompt keeps its ids
         if ids.size == 0:
             raise ConfigError("the prompt is empty and the model adds no BOS token: give some prompt text")

@@ -158,7 +158,7 @@ def open_host(
         new_output=(lambda: Output(rules, detokenizer(), None)) if rows is not None else None,
     )
     host.prefill_chunk = prefill_chunk
-    if source is not None:
+    if source is not None and source.dtype == np.int64:  # a speech source is features: no tokens to look up
         host.source_tokens = source
     return host, output
 

@@ -289,7 +289,8 @@ class Sequence:
         return rows[-1:] if len(rows) else rows
 
     def encode(self, source: Seq[int] | np.ndarray) -> None:
-        """An encoder-decoder model's encoder over ``source`` (the prompt's tokens): the decoder's cache is emptied,
+        """An encoder-decoder model's encoder over ``source`` (the prompt's tokens; a speech model's window of
+        features, float32[1, mel, frames]): the decoder's cache is emptied,
         and its next forward, from length 0 (the decoder start token the Generator prefills), computes the
         cross-attention KV that every later forward reads. The Generator calls it once per generation for every
         role; controllers never need it. CapabilityError on a decoder-only model."""
@@ -299,6 +300,10 @@ class Sequence:
                 f"encode() on role {self.role!r}: model {self.model.name} is a decoder-only model, which has no "
                 "encoder; its prompt is fed with prefill()"
             )
+        if self.model.encoder is not None and self.model.encoder.audio is not None:
+            runner.encode(np.asarray(source))  # a speech encoder's window of features: the runner checks its shape
+            self._invalidate()
+            return
         ids = np.asarray(source, dtype=np.int64).reshape(-1)
         vocab = self.vocab_size
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):

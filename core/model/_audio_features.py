@@ -27,7 +27,7 @@ import json
 import wave
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import attrs
 import numpy as np
@@ -215,11 +215,12 @@ class AudioFeatures:
         return (log_spec + 4.0) / 4.0
 
 
-def read_wav(path: Path, *, sampling_rate: int) -> np.ndarray:
-    """A PCM WAV file's samples as float32[samples] in [-1, 1]; channels averaged to mono. ValueError where the file
-    is not PCM WAV or its rate is not ``sampling_rate`` (decoctl does not resample: convert it first)."""
+def read_wav(path: Path | BinaryIO, *, sampling_rate: int) -> np.ndarray:
+    """A PCM WAV file's samples (a path, or an open binary file) as float32[samples] in [-1, 1]; channels averaged
+    to mono. ValueError where the file is not PCM WAV or its rate is not ``sampling_rate`` (decoctl does not
+    resample: convert it first)."""
     try:
-        with wave.open(str(path), "rb") as reader:
+        with wave.open(str(path) if isinstance(path, Path) else path, "rb") as reader:
             rate, channels, width = reader.getframerate(), reader.getnchannels(), reader.getsampwidth()
             raw = reader.readframes(reader.getnframes())
     except (wave.Error, EOFError) as err:

@@ -103,7 +103,10 @@ class Capabilities:
             raise ModelLoadError(_hybrid_message(spec, state))
         lengths = [fed_lengths.seqlens_k, fed_lengths.total_sequence_length] if fed_lengths else []
         fed = spec.inputs_embeds_name or spec.input_ids_name
-        required = [fed, *(lengths or [spec.attention_mask_name]), *(w.name for w in windows)]
+        # a speech decoder (Whisper) takes no mask: its source is always one whole window
+        speech = spec.encoder_decoder is not None and spec.encoder_decoder.speech
+        masks = [] if speech else [spec.attention_mask_name]
+        required = [fed, *(lengths or masks), *(w.name for w in windows)]
         for layer in range(spec.num_layers):
             required.extend(spec.past_names(layer))
         missing = [name for name in required if name not in inputs]
@@ -120,7 +123,7 @@ class Capabilities:
             spec,
             inputs,
             outputs,
-            [spec.attention_mask_name] if spec.inputs_embeds_name else [spec.input_ids_name, spec.attention_mask_name],
+            masks if spec.inputs_embeds_name else [spec.input_ids_name, *masks],
         )
         feature_size = _feature_size(inputs.get(FEATURES), spec)
         logits_shape = outputs[spec.logits_name].shape

@@ -101,7 +101,8 @@ class DecoderRunner(Runner):
         self._source_key: object | None = None
         self._cross_ready = False
         self._capacity = 0
-        self._allocate(MIN_SOURCE)
+        # a speech encoder's output always has source_length positions (one 30 s window)
+        self._allocate(self._parts.source_length if encoder.audio is not None else MIN_SOURCE)
         self._false = np.zeros(1, np.bool_)
         self._true = np.ones(1, np.bool_)
         # the decoder's own mask over its past and new tokens, which a few exports take (optimum maps
@@ -125,10 +126,13 @@ class DecoderRunner(Runner):
         ]
 
     def encode(self, source: np.ndarray) -> None:
-        """Run the encoder over ``source`` (int64[s], 1 <= s <= the model's source length) and empty the decoder's
-        cache; the next forward (from length 0) computes the cross-attention KV, which every later forward of this
-        source reads (after a rewind to 0 too)."""
+        """Run the encoder over ``source`` (int64[s], 1 <= s <= the model's source length; for a speech encoder one
+        window's features, float32[1, mel, frames]) and empty the decoder's cache; the next forward (from length 0)
+        computes the cross-attention KV, which every later forward of this source reads (after a rewind to 0 too)."""
         parts, encoder = self._parts, self._encoder
+        if encoder.audio is not None:
+            self._encode_features(source)
+            return
         n = len(source)
         if not 1 <= n <= parts.source_length:
             raise SequenceError(
@@ -146,6 +150,30 @@ class DecoderRunner(Runner):
         run.bind(parts.encoder_ids_name, np.int64, (1, n), ids)
         run.bind(parts.encoder_mask_name, np.int64, (1, n), mask)
         run.bind(parts.encoder_output_name, self._hidden_type, (1, n, width), encoded, output=True)
+        run.run()
+        self.encoder_runs += 1
+        self.kv.truncate(0)
+        self._source_key = object()
+        self._cross_ready = False
+        self._bind_source(n)
+
+    def _encode_features(self, features: np.ndarray) -> None:
+        """The speech encoder over one window's log-mel features (float32[1, mel, frames])."""
+        parts, encoder = self._parts, self._encoder
+        audio = encoder.audio
+        assert audio is not None
+        expected = (1, audio.feature_size, audio.frames)
+        if features.dtype != np.float32 or features.shape != expected:
+            raise SequenceError(
+                f"encode() got {features.dtype}{list(features.shape)}; the speech encoder of {self.model.name} takes "
+                f"float32{list(expected)}: one window's features (decoctl.model._audio_features.AudioFeatures)"
+            )
+        self._features = np.ascontiguousarray(features)
+        n = parts.source_length
+        run = self._run_encoder
+        run.bind(parts.encoder_ids_name, np.float32, expected, self._features.ctypes.data)
+        shape = (1, n, encoder.hidden_size)
+        run.bind(parts.encoder_output_name, self._hidden_type, shape, self._encoded.ctypes.data, output=True)
         run.run()
         self.encoder_runs += 1
         self.kv.truncate(0)

@@ -16,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from decoctl.errors import ModelLoadError
+from decoctl.model._audio_features import AudioFeatures
 from decoctl.model._kv_cache import graph_dtype
 from decoctl.model._spec import SEQ2SEQ_EXPORT, EncoderDecoderParts, ModelSpec
 
@@ -46,14 +47,34 @@ class Encoder:
     step_inputs: frozenset[str]
     cross_heads: int
     cross_head_size: int
+    #: a speech encoder's feature extractor (its input is ``audio.features(window)``); None for a text encoder
+    audio: AudioFeatures | None = None
+
+    def dry_source(self, tokens: np.ndarray) -> np.ndarray:
+        """What a load-time dry run encodes: ``tokens`` for a text encoder, one window of silence's features for a
+        speech encoder."""
+        if self.audio is None:
+            return tokens
+        return self.audio.features(np.zeros(0, np.float32))
 
     def describe(self) -> list[str]:
         """What ``decoctl models info`` prints about the parts, a line each."""
         parts = self.parts
         first = "the merged decoder's no-past branch" if parts.merged else parts.first_file.name
+        if self.audio is not None:
+            audio = self.audio
+            encoder = (
+                f"encoder: {parts.encoder_file.name} (input_features [{audio.feature_size}, {audio.frames}] -> "
+                f"{parts.encoder_output_name} [{parts.source_length}, {self.hidden_size}]), run once per "
+                f"{audio.chunk_length} s of audio at {audio.sampling_rate} Hz"
+            )
+        else:
+            encoder = (
+                f"encoder: {parts.encoder_file.name} (input_ids, attention_mask -> {parts.encoder_output_name} "
+                f"[source, {self.hidden_size}]), run once per generation; source up to {parts.source_length} tokens"
+            )
         return [
-            f"encoder: {parts.encoder_file.name} (input_ids, attention_mask -> {parts.encoder_output_name} "
-            f"[source, {self.hidden_size}]), run once per generation; source up to {parts.source_length} tokens",
+            encoder,
             f"decoder first pass: {first}, writes the cross-attention KV ({self.cross_heads} heads x "
             f"{self.cross_head_size} per layer), bound once for every later pass",
             f"decoder starts from token {parts.decoder_start_token_id} (decoder_start_token_id)",
@@ -70,7 +91,8 @@ def read_encoder(
         raise ModelLoadError(f"{spec.path} is not an encoder-decoder model")
     inputs = {i.name: i for i in encoder.get_inputs()}
     outputs = {o.name: o for o in encoder.get_outputs()}
-    needed = [parts.encoder_ids_name, parts.encoder_mask_name]
+    audio = _read_speech(spec, inputs) if parts.speech else None
+    needed = [] if audio is not None else [parts.encoder_ids_name, parts.encoder_mask_name]
     missing = [n for n in needed if n not in inputs] + [n for n in (parts.encoder_output_name,) if n not in outputs]
     if missing:
         takes = ", ".join(f"{i.name} {i.type}" for i in encoder.get_inputs())
@@ -132,4 +154,30 @@ def read_encoder(
         step_inputs=frozenset(step_inputs),
         cross_heads=heads,
         cross_head_size=size,
+        audio=audio,
     )
+
+
+def _read_speech(spec: ModelSpec, inputs: dict[str, Any]) -> AudioFeatures:
+    """A speech encoder's feature extractor, checked against the encoder's ``input_features`` input (mel bins and
+    frames fixed in the graph must be the extractor's)."""
+    parts = spec.encoder_decoder
+    assert parts is not None
+    audio = AudioFeatures.from_folder(spec.path)
+    node = inputs.get(parts.encoder_ids_name)
+    if node is None or node.type != "tensor(float)" or len(node.shape) != 3:
+        takes = ", ".join(f"{i.name} {i.type}{i.shape}" for i in inputs.values())
+        raise ModelLoadError(
+            f"{parts.encoder_file} takes {takes}; a Whisper encoder takes {parts.encoder_ids_name} "
+            f"float32[batch, mel, frames]: export it with optimum-cli export onnx -m MODEL --task "
+            "automatic-speech-recognition-with-past OUT"
+        )
+    expected = (audio.feature_size, audio.frames)
+    for axis, (have, want) in enumerate(zip(node.shape[1:], expected, strict=True), start=1):
+        if isinstance(have, int) and have != want:
+            raise ModelLoadError(
+                f"{parts.encoder_file} takes {parts.encoder_ids_name} with axis {axis} of {have} but "
+                f"{spec.path / 'preprocessor_config.json'} makes {want} (feature_size {audio.feature_size}, "
+                f"{audio.frames} frames): the feature extractor belongs to another model; copy the export's own"
+            )
+    return audio

@@ -692,7 +692,7 @@ def dry_forward(model: LoadedModel) -> str:
         runner = decoder
         encoded = f"the encoder over {DRY_TOKENS} source tokens, then "
         try:
-            decoder.encode(tokens)
+            decoder.encode(encoder.dry_source(tokens))
         except Exception as exc:  # onnxruntime's own error types
             raise ModelLoadError(
                 f"{encoder.parts.encoder_file} loads but a pass over {DRY_TOKENS} tokens fails in onnxruntime "

@@ -301,6 +301,10 @@ class EncoderDecoderParts:
     source_length: int
     encoder_ids_name: str = "input_ids"
     encoder_mask_name: str = "attention_mask"
+    #: a speech encoder (Whisper): it takes log-mel features (``input_features``, float32[1, mel, frames]) from the
+    #: folder's preprocessor_config.json (decoctl.model._audio_features) instead of token ids and their mask, and its
+    #: output has ``source_length`` positions whatever the audio's length
+    speech: bool = False
     encoder_output_name: str = "last_hidden_state"
     #: the decoder's inputs that take the encoder's output and the source's mask
     hidden_input_name: str = "encoder_hidden_states"
@@ -470,9 +474,9 @@ class ModelSpec:
 
     @classmethod
     def from_encoder_decoder_config(cls, folder: Path) -> ModelSpec:
-        """Read an Optimum encoder-decoder folder (T5, BART, Marian): config.json, encoder_model.onnx and the decoder
-        graphs (decoder_model.onnx and decoder_with_past_model.onnx, or the merged decoder), tokenizer.json. The
-        spec describes the decoder: its self-attention KV
+        """Read an Optimum encoder-decoder folder (T5, BART, Marian; Whisper, whose encoder takes audio features):
+        config.json, encoder_model.onnx and the decoder graphs (decoder_model.onnx and decoder_with_past_model.onnx,
+        or the merged decoder), tokenizer.json. The spec describes the decoder: its self-attention KV
         (``past_key_values.N.decoder.*`` -> ``present.N.decoder.*``) is the cache that rewinds; ``encoder_decoder``
         holds the rest. The decoder starts from config.json's (else generation_config.json's)
         ``decoder_start_token_id``."""
@@ -496,15 +500,22 @@ class ModelSpec:
                     if config.get(n) is not None
                 )
             )
-            context_length = _encoder_decoder_context_length(folder, config_path, names)
             start = _decoder_start(folder, config_path, config)
+            speech = names.model_type == "whisper"
+            if speech:  # the decoder's learned positions and the encoder's, which the 30 s window fills
+                context_length = int(config["max_target_positions"])
+                source_length = int(config["max_source_positions"])
+            else:
+                context_length = source_length = _encoder_decoder_context_length(folder, config_path, names)
             parts = EncoderDecoderParts(
                 encoder_file=encoder,
                 first_file=first,
                 merged=first == step,
                 decoder_start_token_id=start,
-                source_length=context_length,
+                source_length=source_length,
             )
+            if speech:
+                parts = attrs.evolve(parts, encoder_ids_name="input_features", encoder_mask_name="", speech=True)
             spec = cls(
                 path=folder,
                 layout="encoder-decoder",

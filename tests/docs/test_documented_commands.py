@@ -701,6 +701,9 @@ NOT_RUN: dict[str, str] = {
     "tests/openvino there; make test runs it",
     "pip uninstall -y onnxruntime && pip install onnxruntime-openvino": INSTALL,
     "pip uninstall -y onnxruntime && pip install onnxruntime-gpu": INSTALL,
+    "decoctl generate -m WHISPER_FOLDER --audio speech.wav --language en": PLACEHOLDER.format(
+        "Whisper export and recording"
+    ),
     'decoctl generate "def f(x):" --model BASE_FOLDER --adapter sql=sql.onnx_adapter': PLACEHOLDER.format(
         "base model with LoRA slots and adapter file"
     ),

@@ -1,0 +1,160 @@
+"""A speech-to-text request (Whisper): audio becomes the encoder's source and the decoder's prompt its task tokens.
+
+``speech_request(model, audio, language=, task=)`` gives what a generation starts from: one 30-second window's
+log-mel features (decoctl.model._audio_features) for every role's encoder, and the decoder's prompt as transformers'
+WhisperForConditionalGeneration.generate builds it from generation_config.json without timestamps: the start token
+(``decoder_start_token_id``), then for a multilingual model the language's token (``lang_to_id["<|en|>"]``) and the
+task's (``task_to_id["transcribe"]``), then ``no_timestamps_token_id``. Longer audio goes through
+:func:`transcribe`, one window after another.
+
+What transformers would do and decoctl does not is refused by name: language detection (a multilingual model
+without ``language``), timestamps, and the ``suppress_tokens`` / ``begin_suppress_tokens`` rules of a generation
+config that sets them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from decoctl.errors import ConfigError
+from decoctl.model._audio_features import AudioFeatures, read_wav
+from decoctl.model._loader import LoadedModel
+from decoctl.model._spec import GENERATION_CONFIG
+
+__all__ = ["SpeechRequest", "Transcription", "audio_windows", "read_audio", "speech_request", "transcribe"]
+
+#: generation_config.json keys whose rules decoctl does not apply; refused where they are set and not empty
+_UNAPPLIED = ("suppress_tokens", "begin_suppress_tokens", "forced_decoder_ids")
+
+
+@attrs.frozen(kw_only=True)
+class SpeechRequest:
+    """``source``: one window's features, float32[1, mel, frames]. ``ids``: the decoder's prompt, int64[k]."""
+
+    source: np.ndarray
+    ids: np.ndarray
+
+
+def read_audio(audio: Any, features: AudioFeatures) -> np.ndarray:
+    """``audio`` as float32[samples]: a path to a PCM WAV file, its bytes, or samples at the model's rate."""
+    if isinstance(audio, str | Path):
+        return read_wav(Path(audio), sampling_rate=features.sampling_rate)
+    if isinstance(audio, bytes | bytearray):
+        return read_wav(io.BytesIO(bytes(audio)), sampling_rate=features.sampling_rate)
+    samples = np.asarray(audio, dtype=np.float32)
+    if samples.ndim != 1:
+        raise ConfigError(
+            f"audio must be mono samples at {features.sampling_rate} Hz, float32[samples]; got shape {samples.shape}"
+        )
+    return samples
+
+
+def _speech_features(model: LoadedModel) -> AudioFeatures:
+    encoder = model.encoder
+    if encoder is None or encoder.audio is None:
+        raise ConfigError(
+            f"model {model.name} does not take audio (its encoder, if any, reads text): give audio to a speech "
+            "model such as an Optimum export of Whisper"
+        )
+    return encoder.audio
+
+
+def decoder_prompt(model: LoadedModel, *, language: str | None, task: str | None) -> np.ndarray:
+    """The decoder's prompt for ``language`` ("en" or "<|en|>") and ``task`` ("transcribe", "translate"), as
+    transformers' Whisper generate builds it without timestamps; ConfigError naming what the model lacks."""
+    encoder = model.encoder
+    assert encoder is not None
+    path = model.spec.path / GENERATION_CONFIG
+    config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    for key in _UNAPPLIED:
+        if config.get(key):
+            raise ConfigError(
+                f"{path}: {key} is set and decoctl does not apply it (transformers' Whisper generate would): remove "
+                f"{key} from the file to transcribe without that rule"
+            )
+    ids = [encoder.parts.decoder_start_token_id]
+    if config.get("is_multilingual"):
+        languages, tasks = config.get("lang_to_id") or {}, config.get("task_to_id") or {}
+        if language is None:
+            raise ConfigError(
+                f"model {model.name} is multilingual and language detection is not implemented: pass the language "
+                f"(one of {sorted(k.strip('<|>') for k in languages)})"
+            )
+        key = language if language.startswith("<|") else f"<|{language}|>"
+        if key not in languages:
+            raise ConfigError(f"model {model.name} has no language {language!r}: it has {sorted(languages)}")
+        chosen = task or "transcribe"
+        if chosen not in tasks:
+            raise ConfigError(f"model {model.name} has no task {chosen!r}: it has {sorted(tasks)}")
+        ids += [int(languages[key]), int(tasks[chosen])]
+    elif language is not None or task not in (None, "transcribe"):
+        raise ConfigError(
+            f"model {model.name} is English-only (generation_config.json says no is_multilingual): it transcribes "
+            "English; leave language and task out"
+        )
+    no_timestamps = config.get("no_timestamps_token_id")
+    if no_timestamps is not None:
+        ids.append(int(no_timestamps))
+    return np.asarray(ids, np.int64)
+
+
+def speech_request(
+    model: LoadedModel, prompt: str, audio: Any, *, language: str | None = None, task: str | None = None
+) -> SpeechRequest:
+    """What a generation over ``audio`` (at most one window) starts from; ConfigError where ``prompt`` is not empty
+    (Whisper's previous-text prompt is not implemented) or the audio is longer than a window."""
+    features = _speech_features(model)
+    if audio is None:
+        raise ConfigError(f"model {model.name} transcribes audio: pass audio= (a WAV file's path or bytes, or samples)")
+    if prompt:
+        raise ConfigError(
+            f"model {model.name} transcribes audio and conditioning on a text prompt (<|startofprev|>) is not "
+            'implemented: pass an empty prompt ("")'
+        )
+    samples = read_audio(audio, features)
+    if samples.size > features.n_samples:
+        raise ConfigError(
+            f"the audio lasts {samples.size / features.sampling_rate:.1f} s, longer than the model's "
+            f"{features.chunk_length} s window: transcribe it with decoctl.generation.transcribe, which goes window "
+            "by window"
+        )
+    return SpeechRequest(source=features.features(samples), ids=decoder_prompt(model, language=language, task=task))
+
+
+def audio_windows(model: LoadedModel, audio: Any) -> list[np.ndarray]:
+    """``audio`` (as :func:`read_audio` takes it) cut into the model's windows (30 s), each float32[samples]."""
+    features = _speech_features(model)
+    return list(features.windows(read_audio(audio, features)))
+
+
+@attrs.frozen(kw_only=True)
+class Transcription:
+    """Long audio's text: ``text`` the windows' texts joined, ``windows`` each window's GenerationResult."""
+
+    text: str
+    windows: tuple[Any, ...]
+
+
+def transcribe(
+    generate: Callable[..., Any],
+    model: LoadedModel,
+    audio: Any,
+    *,
+    language: str | None = None,
+    task: str | None = None,
+    max_new_tokens: int = 128,
+) -> Transcription:
+    """Transcribe ``audio`` of any length in the model's windows (30 s), one generation each, in order:
+    ``generate`` is a Generator's ``generate``."""
+    results = tuple(
+        generate("", audio=window, language=language, task=task, max_new_tokens=max_new_tokens)
+        for window in audio_windows(model, audio)
+    )
+    return Transcription(text="".join(r.text for r in results), windows=results)
