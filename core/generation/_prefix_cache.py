@@ -11,7 +11,10 @@ blocks not yet kept, and two prompts that share 3 blocks share those 3 entries. 
 token granularity and finds a prefix that ends mid-block, but reuse stops at a block boundary anyway (the KV is
 copied in whole blocks) and a tree's nodes split and merge on every store; chained hashes keep the code and its
 eviction rule small. Each key also hashes the tokens of the block itself and the entry keeps them, so a digest
-collision is a miss, never another prompt's KV.
+collision is a miss, never another prompt's KV. A vision-language prompt's image tokens are the same ids whatever the
+image: from the block holding its first image token on, a key also hashes the features of the prompt's images, so
+two prompts that differ only in their images share the blocks before the first image and nothing after; a copy never
+ends inside an image's run of tokens (a family whose image tokens attend to each other both ways feeds a run whole).
 
 Exact: ``restore`` never gives the prompt's last token (its logits must be computed, and a prompt whose every block
 is cached still feeds its last block's tail), and what it copies is what a prefill of those tokens left in the
@@ -39,6 +42,7 @@ from decoctl.host import Sequence
 from decoctl.model._kv_blocks import block_bytes, linear_length, read_blocks, reuse_limit, write_blocks
 from decoctl.model._kv_cache import dtype_name, kv_dtype
 from decoctl.model._loader import LoadedModel
+from decoctl.model._vision import ImageFeatures
 
 __all__ = ["BLOCK_TOKENS", "PrefixCache", "PrefixCacheStats", "prefill_cached"]
 
@@ -80,12 +84,8 @@ class PrefixCache:
                 f"the prefix cache cannot serve model {model.name}: it is an encoder-decoder model, whose decoder KV "
                 "depends on the source as a whole, not on a token prefix; run it without --prefix-cache-mb"
             )
-        if model.vision is not None:
-            raise ConfigError(
-                f"the prefix cache cannot serve model {model.name}: a vision-language prompt's image tokens are the "
-                "same ids for different images, and this cache keys blocks by tokens alone; run it without "
-                "--prefix-cache-mb"
-            )
+        #: a vision-language target's image token: blocks from the first one on are keyed by the images too
+        self.image_token = None if model.vision is None else model.vision.embedder.image_token
         if block_tokens < 1:
             raise ConfigError(f"prefix cache blocks of {block_tokens} tokens: give at least 1")
         self.model = model
@@ -110,17 +110,42 @@ class PrefixCache:
         return cls(model, int(megabytes * 2**20))
 
     # -- keys ------------------------------------------------------------------------------------------------
-    def _keys(self, ids: np.ndarray, count: int) -> list[tuple[bytes, bytes]]:
-        """(key, tokens) of the first ``count`` whole blocks of ``ids``."""
+    def _keys(self, ids: np.ndarray, count: int, images: ImageFeatures | None) -> list[tuple[bytes, bytes]]:
+        """(key, tokens) of the first ``count`` whole blocks of ``ids``. A prompt's image tokens are the same ids
+        whatever the image, so from the block that holds the first of them on, each key also hashes the features of
+        the prompt's images (``images``); the blocks before it are the images' alike."""
         size = self.block_tokens
         data = np.ascontiguousarray(ids[: count * size], np.int64).tobytes()
         step = size * 8
+        first, digest = self._first_image(ids), b""
+        if first is not None:
+            digest = _digest(images)
         keys, parent = [], _ROOT
         for i in range(count):
             tokens = data[i * step : (i + 1) * step]
-            parent = hashlib.blake2b(parent + tokens, digest_size=16).digest()
+            seen = first is not None and (i + 1) * size > first
+            parent = hashlib.blake2b(parent + tokens + (digest if seen else b""), digest_size=16).digest()
             keys.append((parent, tokens))
         return keys
+
+    def _first_image(self, ids: np.ndarray) -> int | None:
+        """The position of the first image token of ``ids``, or None."""
+        if self.image_token is None:
+            return None
+        found = np.flatnonzero(np.asarray(ids) == self.image_token)
+        return int(found[0]) if found.size else None
+
+    def _whole_images(self, ids: np.ndarray, count: int) -> int:
+        """``count`` blocks, fewer where the last would end inside a run of image tokens: an image's tokens go in
+        one forward (a family whose image tokens attend to each other both ways needs the whole run)."""
+        size = self.block_tokens
+        while count and self.image_token is not None:
+            end = count * size
+            if end < len(ids) and ids[end - 1] == self.image_token and ids[end] == self.image_token:
+                count -= 1
+            else:
+                break
+        return count
 
     # -- use -------------------------------------------------------------------------------------------------
     def restore(self, sequence: Sequence, ids: np.ndarray, limit: int | None = None) -> int:
@@ -132,11 +157,12 @@ class PrefixCache:
         if kv.length:
             raise SequenceError(f"the prefix cache restores into an empty row, not one holding {kv.length} tokens")
         cap = min(len(ids) - 1, reuse_limit(kv), len(ids) if limit is None else limit)
-        count = max(cap, 0) // self.block_tokens
+        count = self._whole_images(ids, max(cap, 0) // self.block_tokens)
+        images = sequence.images
         with self._lock:
             self._lookups += 1
             found: list[tuple[bytes, _Block]] = []
-            for key, tokens in self._keys(ids, count):
+            for key, tokens in self._keys(ids, count, images):
                 block = self._blocks.get(key)
                 if block is None or block.tokens != tokens:
                     break
@@ -149,17 +175,17 @@ class PrefixCache:
             self._hits += 1
             length = len(found) * self.block_tokens
             self._saved += length
-        sequence.adopt_tokens(np.asarray(ids[:length], np.int64))
+        sequence.adopt_tokens(np.asarray(ids[:length], np.int64), images)
         return length
 
-    def cached(self, ids: np.ndarray, room: int) -> int:
-        """How many tokens ``restore`` would give ``ids`` now, into a row of ``room`` reusable positions (touches
-        nothing)."""
+    def cached(self, ids: np.ndarray, room: int, images: ImageFeatures | None = None) -> int:
+        """How many tokens ``restore`` would give ``ids`` (with ``images``, its image tokens' features) now, into a
+        row of ``room`` reusable positions (touches nothing)."""
         cap = min(len(ids) - 1, room)
-        count = max(cap, 0) // self.block_tokens
+        count = self._whole_images(ids, max(cap, 0) // self.block_tokens)
         with self._lock:
             found = 0
-            for key, tokens in self._keys(ids, count):
+            for key, tokens in self._keys(ids, count, images):
                 block = self._blocks.get(key)
                 if block is None or block.tokens != tokens:
                     break
@@ -180,7 +206,7 @@ class PrefixCache:
         if count == 0:
             return 0
         tokens = np.asarray(sequence.tokens)
-        keys = self._keys(tokens, count)
+        keys = self._keys(tokens, count, sequence.images)
         with self._lock:
             have = 0
             while have < count and keys[have][0] in self._blocks:
@@ -230,7 +256,7 @@ def prefill_cached(cache: PrefixCache, sequence: Sequence, ids: np.ndarray, chun
     kv = sequence.runner.kv
     if kv.rings is not None:
         size = cache.block_tokens
-        split = min(reuse_limit(kv), len(ids) - 1) // size * size
+        split = cache._whole_images(ids, min(reuse_limit(kv), len(ids) - 1) // size) * size
         if copied < split:
             sequence.prefill(ids[copied:split], chunk, logits=False)
             cache.store(sequence)
@@ -239,3 +265,12 @@ def prefill_cached(cache: PrefixCache, sequence: Sequence, ids: np.ndarray, chun
     sequence.prefill(ids[copied:], chunk)
     cache.store(sequence)
     return copied
+
+
+def _digest(images: ImageFeatures | None) -> bytes:
+    """A digest of a prompt's images as the model sees them: every image's feature rows, their counts and grids."""
+    if images is None:
+        return b"no images"
+    digest = hashlib.blake2b(np.ascontiguousarray(images.rows).tobytes(), digest_size=16)
+    digest.update(repr((images.per_image, images.grids, images.rows.shape, images.rows.dtype.str)).encode())
+    return digest.digest()

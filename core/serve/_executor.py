@@ -141,9 +141,10 @@ class Executor:
     # -- a completion's row ------------------------------------------------------------------------------------------
     def cached(self, handle: Handle) -> int:
         """How many of ``handle``'s prompt tokens the prefix cache would copy into a row now."""
-        if self.prefix_cache is None or handle.request.images is not None:
+        if self.prefix_cache is None:
             return 0
-        return self.prefix_cache.cached(np.asarray(handle.request.ids, np.int64), reuse_limit(self.rows[0].runner.kv))
+        ids, room = np.asarray(handle.request.ids, np.int64), reuse_limit(self.rows[0].runner.kv)
+        return self.prefix_cache.cached(ids, room, handle.request.images)
 
     def open(self, handle: Handle, index: int, row: int, *, cached: int = 0) -> Completion:
         """Completion ``index`` of ``handle`` on free row ``row``: its host, logits chain and controller (its prompt
@@ -204,7 +205,7 @@ class Executor:
 
     def keep(self, completion: Completion) -> None:
         """The prefix cache keeps what the completion's row holds (its prompt, or prompt and answer)."""
-        if self.prefix_cache is not None and completion.handle.request.images is None:
+        if self.prefix_cache is not None:
             self.prefix_cache.store(completion.host.target)
 
     def _sequence(self, role: str) -> Sequence:
