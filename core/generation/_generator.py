@@ -31,7 +31,7 @@ from decoctl.generation._chat_template import ChatPrompt, ChatTemplate, encode_p
 from decoctl.generation._opening import check_choice, check_models, make_controller, open_host
 from decoctl.generation._prefix_cache import PrefixCache, prefill_cached
 from decoctl.generation._results import GenerationResult, GenerationStats
-from decoctl.generation._speech import speech_request
+from decoctl.generation._speech import speech_request, suppress_rules
 from decoctl.generation._tool_answers import marked_text, parse_answer
 from decoctl.generation._tool_formats import template_messages, tool_format_for
 from decoctl.host import ForwardSizes, Host, Output, Rows, Sequence, role_flag
@@ -180,6 +180,9 @@ class Generator:
         self.models = self._load_roles(
             dict(models or {}), threads, huge_pages, providers_by_role(providers, self.roles)
         )
+        rules = suppress_rules(self.models["target"])
+        if rules is not None:  # a speech model's token rules first, as transformers' Whisper generate has them
+            self.chain = ProcessorChain((rules, *self.chain.processors), names=(rules.name, *self.chain.names))
         #: the target's prompts and answers kept for the prompts that continue them (None: off)
         self.prefix_cache = (
             None if prefix_cache_mb is None else PrefixCache.for_model(self.models["target"], prefix_cache_mb)

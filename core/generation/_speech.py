@@ -7,9 +7,13 @@ WhisperForConditionalGeneration.generate builds it from generation_config.json w
 task's (``task_to_id["transcribe"]``), then ``no_timestamps_token_id``. Longer audio goes through
 :func:`transcribe`, one window after another.
 
+generation_config.json's ``suppress_tokens`` (never generated) and ``begin_suppress_tokens`` (not as the first
+generated token) are a logits processor (:class:`SuppressRules`) that the Generator puts first in a speech model's
+chain, as transformers' Whisper generate puts its SuppressTokens processors first.
+
 What transformers would do and decoctl does not is refused by name: language detection (a multilingual model
-without ``language``), timestamps, and the ``suppress_tokens`` / ``begin_suppress_tokens`` rules of a generation
-config that sets them.
+without ``language``), timestamps, and ``forced_decoder_ids`` where no language or task is given (transformers
+ignores them otherwise).
 """
 
 from __future__ import annotations
@@ -28,10 +32,54 @@ from decoctl.model._audio_features import AudioFeatures, read_wav
 from decoctl.model._loader import LoadedModel
 from decoctl.model._spec import GENERATION_CONFIG
 
-__all__ = ["SpeechRequest", "Transcription", "audio_windows", "read_audio", "speech_request", "transcribe"]
+__all__ = [
+    "SpeechRequest",
+    "SuppressRules",
+    "Transcription",
+    "audio_windows",
+    "read_audio",
+    "speech_request",
+    "suppress_rules",
+    "transcribe",
+]
 
-#: generation_config.json keys whose rules decoctl does not apply; refused where they are set and not empty
-_UNAPPLIED = ("suppress_tokens", "begin_suppress_tokens", "forced_decoder_ids")
+
+@attrs.frozen(kw_only=True)
+class SuppressRules:
+    """Whisper's token rules as one logits processor: ``always`` (int64[k]) never generated, ``first`` (int64[m])
+    not as the first generated token (transformers' SuppressTokensLogitsProcessor and
+    SuppressTokensAtBeginLogitsProcessor: the logits set to -inf)."""
+
+    always: np.ndarray = attrs.field(eq=False)
+    first: np.ndarray = attrs.field(eq=False)
+    name: str = "whisper_suppress_tokens"
+    stateless: bool = True
+
+    def __call__(self, rows: np.ndarray, context: Any) -> np.ndarray:
+        if self.always.size:
+            rows[:, self.always] = -np.inf
+        if self.first.size:
+            for row in range(rows.shape[0]):
+                if context.new_tokens(row) == 0:
+                    rows[row, self.first] = -np.inf
+        return rows
+
+
+def _generation_config(model: LoadedModel) -> tuple[Path, dict[str, Any]]:
+    path = model.spec.path / GENERATION_CONFIG
+    return path, (json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {})
+
+
+def suppress_rules(model: LoadedModel) -> SuppressRules | None:
+    """A speech model's SuppressRules from generation_config.json, None where it sets neither list (or the model
+    is not a speech model)."""
+    if model.encoder is None or model.encoder.audio is None:
+        return None
+    _, config = _generation_config(model)
+    always, first = config.get("suppress_tokens") or [], config.get("begin_suppress_tokens") or []
+    if not always and not first:
+        return None
+    return SuppressRules(always=np.asarray(always, np.int64), first=np.asarray(first, np.int64))
 
 
 @attrs.frozen(kw_only=True)
@@ -71,14 +119,12 @@ def decoder_prompt(model: LoadedModel, *, language: str | None, task: str | None
     transformers' Whisper generate builds it without timestamps; ConfigError naming what the model lacks."""
     encoder = model.encoder
     assert encoder is not None
-    path = model.spec.path / GENERATION_CONFIG
-    config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    for key in _UNAPPLIED:
-        if config.get(key):
-            raise ConfigError(
-                f"{path}: {key} is set and decoctl does not apply it (transformers' Whisper generate would): remove "
-                f"{key} from the file to transcribe without that rule"
-            )
+    path, config = _generation_config(model)
+    if config.get("forced_decoder_ids") and language is None and task is None:
+        raise ConfigError(
+            f"{path}: forced_decoder_ids is set and decoctl does not apply it (transformers' Whisper generate does "
+            "where no language or task is given): pass the language (and task), or remove forced_decoder_ids"
+        )
     ids = [encoder.parts.decoder_start_token_id]
     if config.get("is_multilingual"):
         languages, tasks = config.get("lang_to_id") or {}, config.get("task_to_id") or {}

@@ -13,7 +13,7 @@ import pytest
 from decoctl_speculative import plugin as speculative_plugin
 from whisper_exports import ENGLISH, FRENCH, NO_TIMESTAMPS, START, TRANSCRIBE, TRANSLATE
 
-from decoctl import ConfigError, GenerationError, Generator
+from decoctl import ConfigError, Generator
 from decoctl.generation._speech import transcribe
 from decoctl.plugins import PluginRegistry
 
@@ -147,17 +147,45 @@ def test_no_audio_is_refused_naming_audio(whisper: Any) -> None:
         _greedy(whisper).generate("", language="en")
 
 
-def test_suppress_tokens_are_refused_by_name(whisper: Any, tmp_path: Path) -> None:
+def _with_generation_config(whisper: Any, folder: Path, **settings: Any) -> Path:
     import json
     import shutil
 
-    folder = tmp_path / "suppressing"
     shutil.copytree(whisper.folder("whisper"), folder)
     config = json.loads((folder / "generation_config.json").read_text())
-    (folder / "generation_config.json").write_text(json.dumps({**config, "suppress_tokens": [7]}))
+    (folder / "generation_config.json").write_text(json.dumps({**config, **settings}))
+    return folder
+
+
+def test_suppress_tokens_and_begin_suppress_tokens_are_applied(
+    whisper: Any, plugins: PluginRegistry, tmp_path: Path
+) -> None:
+    audio = _audio(1, 2)
+    prompt = [START, ENGLISH, TRANSCRIBE, NO_TIMESTAMPS]
+    plain = whisper.reference("whisper", audio, NEW, prompt)
+    suppress, begin = (plain[1], plain[2]), (plain[0],)  # tokens greedy would choose
+    folder = _with_generation_config(
+        whisper, tmp_path / "suppressing", suppress_tokens=list(suppress), begin_suppress_tokens=list(begin)
+    )
+    expected = whisper.reference("whisper", audio, NEW, prompt, suppress=suppress, begin_suppress=begin)
+    assert expected != plain
+    assert not set(expected) & set(suppress)
+    assert expected[0] not in begin
+    greedy = Generator({"target": str(folder)}, "greedy", threads=1)
+    assert list(greedy.generate("", audio=audio, language="en", max_new_tokens=NEW).tokens) == expected
+    lookup = Generator(
+        {"target": str(folder)}, "speculative", options={"drafter": "prompt-lookup"}, registry=plugins, threads=1
+    )
+    assert list(lookup.generate("", audio=audio, language="en", max_new_tokens=NEW).tokens) == expected
+
+
+def test_forced_decoder_ids_without_a_language_are_refused_by_name(whisper: Any, tmp_path: Path) -> None:
+    folder = _with_generation_config(
+        whisper, tmp_path / "forced", is_multilingual=False, forced_decoder_ids=[[1, TRANSCRIBE]]
+    )
     generator = Generator({"target": str(folder)}, "greedy", threads=1)
-    with pytest.raises((ConfigError, GenerationError), match="suppress_tokens"):
-        generator.generate("", audio=_audio(1, 1), language="en")
+    with pytest.raises(ConfigError, match="forced_decoder_ids"):
+        generator.generate("", audio=_audio(1, 1))
 
 
 def test_the_encoder_runs_once_per_window(whisper: Any, plugins: PluginRegistry) -> None:

@@ -222,9 +222,17 @@ class WhisperExports:
             tokens.pop(0)
         return tokens
 
-    def reference(self, name: str, audio: np.ndarray, max_new_tokens: int, prompt: list[int]) -> list[int]:
+    def reference(
+        self,
+        name: str,
+        audio: np.ndarray,
+        max_new_tokens: int,
+        prompt: list[int],
+        suppress: tuple[int, ...] = (),
+        begin_suppress: tuple[int, ...] = (),
+    ) -> list[int]:
         """Greedy decoding with the transformers model's forward, the whole sequence each step (no cache): the
-        tokens after ``prompt``."""
+        tokens after ``prompt``; ``suppress`` never chosen, ``begin_suppress`` not first."""
         import torch
         import transformers
 
@@ -235,8 +243,10 @@ class WhisperExports:
         with torch.no_grad():
             encoded = model.get_encoder()(features["input_features"])
             for _ in range(max_new_tokens):
-                logits = model(encoder_outputs=encoded, decoder_input_ids=torch.tensor([ids])).logits
-                ids.append(int(logits[0, -1].argmax()))
+                logits = model(encoder_outputs=encoded, decoder_input_ids=torch.tensor([ids])).logits[0, -1]
+                banned = [*suppress, *(begin_suppress if len(ids) == len(prompt) else ())]
+                logits[banned] = -float("inf")
+                ids.append(int(logits.argmax()))
                 if ids[-1] == EOS_TOKEN_ID:
                     break
         return ids[len(prompt) :]
