@@ -32,11 +32,11 @@ GREEDY_CONTROLLERS = [
 SAMPLING_CONTROLLERS = [
     ("sample", {}, ()),
     ("sample", {"n": 2}, ()),
-    # a fixed k: the adaptive draft length follows measured time, and the draws follow the drafts
+    # adaptive off: the adaptive draft lengths and gates follow measured time, and the draws follow the drafts
     ("speculative", {"drafter": "prompt-lookup", "sampling": True, "adaptive": False}, ()),
     ("speculative", {"drafter": "draft-model", "sampling": True, "adaptive": False}, ("draft",)),
-    ("lookahead", {"sampling": True}, ()),
-    ("eagle", {"drafting": "tree", "sampling": True}, ("eagle",)),
+    ("lookahead", {"sampling": True, "adaptive": False}, ()),
+    ("eagle", {"drafting": "tree", "sampling": True, "adaptive": False}, ("eagle",)),
 ]
 
 

@@ -44,7 +44,7 @@ from decoctl.model._kv_cache import dtype_name, kv_dtype
 from decoctl.model._loader import LoadedModel
 from decoctl.model._vision import ImageFeatures
 
-__all__ = ["BLOCK_TOKENS", "PrefixCache", "PrefixCacheStats", "prefill_cached"]
+__all__ = ["BLOCK_TOKENS", "PrefixCache", "PrefixCacheStats", "prefill_cached", "ring_split"]
 
 log = structlog.get_logger(__name__)
 
@@ -253,15 +253,12 @@ def prefill_cached(cache: PrefixCache, sequence: Sequence, ids: np.ndarray, chun
     layers, a prompt longer than their capacity is fed in two parts, the part the rings hold linearly first, so that
     its blocks can be kept before the rings evict them."""
     copied = cache.restore(sequence, ids)
-    kv = sequence.runner.kv
-    if kv.rings is not None:
-        size = cache.block_tokens
-        split = cache._whole_images(ids, min(reuse_limit(kv), len(ids) - 1) // size) * size
-        if copied < split:
-            sequence.prefill(ids[copied:split], chunk, logits=False)
-            cache.store(sequence)
-            sequence.prefill(ids[split:], chunk)
-            return copied
+    split = ring_split(cache, sequence, ids)
+    if split is not None and copied < split:
+        sequence.prefill(ids[copied:split], chunk, logits=False)
+        cache.store(sequence)
+        sequence.prefill(ids[split:], chunk)
+        return copied
     sequence.prefill(ids[copied:], chunk)
     cache.store(sequence)
     return copied
@@ -274,3 +271,14 @@ def _digest(images: ImageFeatures | None) -> bytes:
     digest = hashlib.blake2b(np.ascontiguousarray(images.rows).tobytes(), digest_size=16)
     digest.update(repr((images.per_image, images.grids, images.rows.shape, images.rows.dtype.str)).encode())
     return digest.digest()
+
+
+def ring_split(cache: PrefixCache, sequence: Sequence, ids: np.ndarray) -> int | None:
+    """Where a prompt ``ids`` fed into ``sequence`` must pause for its blocks to be kept: the last whole block the
+    rings of a ring-cache model hold from position 0 (a prompt fed past it in one forward evicts them first), never
+    inside an image's tokens; None on a model without ring layers."""
+    kv = sequence.runner.kv
+    if kv.rings is None:
+        return None
+    size = cache.block_tokens
+    return cache._whole_images(ids, min(reuse_limit(kv), len(ids) - 1) // size) * size

@@ -23,7 +23,7 @@ import numpy as np
 from decoctl.controllers import Greedy
 from decoctl.errors import ControllerError, SequenceError
 from decoctl.generation._opening import make_controller, open_host
-from decoctl.generation._prefix_cache import PrefixCache
+from decoctl.generation._prefix_cache import PrefixCache, ring_split
 from decoctl.host import Rows, Sequence, SequenceStats
 from decoctl.logs import get_logger
 from decoctl.model._kv_blocks import reuse_limit
@@ -275,9 +275,7 @@ class Executor:
         into the followers' rows and feed them all its last token in this step's Run."""
         if chunk.size:
             began = self._clock()
-            completion.host.target.prefill(
-                completion.prompt[chunk.start : chunk.start + chunk.size], logits=chunk.logits
-            )
+            self._prefill(completion, chunk)
             self.costs.observe_prefill(chunk.size, self._clock() - began, logits=chunk.logits)
         if chunk.then is ChunkEnd.START:
             self._started(completion)
@@ -286,6 +284,24 @@ class Executor:
             for started in (completion, *self._copies(completion, step)):
                 step.feed(started, last)
                 step.starting.append(started)
+
+    def _prefill(self, completion: Completion, chunk: PromptChunk) -> None:
+        """Feed a prompt chunk. With the prefix cache on a ring-cache model, a chunk that would carry the prompt past
+        what the rings hold from position 0 pauses there while the blocks before it are kept (the rest of the chunk
+        would evict them), as the Generator's prefill does."""
+        target, end = completion.host.target, chunk.start + chunk.size
+        part = completion.prompt[chunk.start : end]
+        split = None if self.prefix_cache is None else ring_split(self.prefix_cache, target, completion.prompt)
+        if self.prefix_cache is None or split is None or split <= chunk.start:
+            target.prefill(part, logits=chunk.logits)
+            return
+        if split < end:
+            target.prefill(part[: split - chunk.start], logits=False)
+            self.prefix_cache.store(target)
+            target.prefill(part[split - chunk.start :], logits=chunk.logits)
+            return
+        target.prefill(part, logits=chunk.logits)
+        self.prefix_cache.store(target)
 
     def _copies(self, leader: Completion, step: _Step) -> list[Completion]:
         """The leader's prompt is in its row but for its last token: its followers' rows take a copy of it."""

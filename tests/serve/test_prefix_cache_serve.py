@@ -161,3 +161,26 @@ def test_decoctl_chat_with_the_cache_copies_the_history_and_answers_the_same(
     assert transcripts[0] == transcripts[1]
     # the second and third turns copy the system prompt and the turns before them
     assert len(copied) == 3 and copied[0] == 0 and copied[2] > copied[1] >= 8 * BLOCK_TOKENS
+
+
+@pytest.mark.parametrize("chunk", [None, 40])
+def test_a_ring_cache_model_keeps_and_copies_the_prefix_its_rings_hold(tmp_path: Path, chunk: int | None) -> None:
+    from decoctl.testing import build_genai_model
+
+    # windowed layers of 32 positions in rings of 96 (the window and the rewind slack); the prompts run past them
+    folder = build_genai_model(tmp_path / "ring", seed=4, max_length=512, local_window_size=32, ring_cache=True)
+    engine = Engine(
+        {"target": load_model(folder)}, registry=plugin_registry(), max_rows=2, prefix_cache_mb=8, prefill_chunk=chunk
+    )
+    engine.start()
+    try:
+        answers = [_run(engine, [SYSTEM + q])[0] for q in QUESTIONS]
+        chunked = _run(engine, [SYSTEM + QUESTIONS[0]], controller="speculative", options={"drafter": "prompt-lookup"})
+    finally:
+        engine.close(drain=False)
+    offline = Generator({"target": engine.models["target"]}, registry=engine.registry)
+    expected = [offline.generate(SYSTEM + q, max_new_tokens=16).tokens for q in QUESTIONS]
+    assert [a.tokens for a in answers] == expected and chunked[0].tokens == expected[0]
+    assert engine.prefix_cache is not None
+    stats = engine.prefix_cache.stats()
+    assert stats.hits == 4 and stats.tokens_saved == 4 * 96  # every prompt after the first copies the rings' 96
