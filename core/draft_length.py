@@ -77,6 +77,7 @@ __all__ = [
     "CostAwareLength",
     "DraftGate",
     "DraftLength",
+    "PlainRun",
     "ScheduledLength",
     "draft_length",
     "remembered",
@@ -104,14 +105,37 @@ TIMING_DECAY = 0.95
 """The weight earlier timings of a size keep at each new one."""
 
 
+class PlainRun:
+    """Plain steps a rule granted at once (``plain_now``), so that a controller takes them as lean as greedy's steps:
+    for each it takes ``left -= 1``, runs ``Verifier.plain`` and adds the step's seconds to ``seconds``, and asks the
+    rule nothing until ``left`` is 0. The rule reads the steps taken and their seconds back (``granted - left``) at its
+    next call, as if it had been told of each: what it measures and decides stays the same, its calls do not run per
+    token. Mutable, owned by the rule; a controller keeps a reference for the generation."""
+
+    __slots__ = ("granted", "left", "seconds")
+
+    def __init__(self) -> None:
+        self.left = 0  # plain steps still granted
+        self.granted = 0  # the steps granted that the rule has not read back
+        self.seconds = 0.0  # the seconds of those taken so far
+
+    def taken(self) -> tuple[int, float]:
+        """The steps taken since the rule last read them and their seconds, now read (the rest stays granted)."""
+        steps, seconds = self.granted - self.left, self.seconds
+        self.granted, self.seconds = self.left, 0.0
+        return steps, seconds
+
+
 class DraftLength:
-    """A fixed k within [low, high]; the base of the adaptive rules. ``controller`` names the options in errors."""
+    """A fixed k within [low, high]; the base of the adaptive rules. ``controller`` names the options in errors.
+    ``run``: the plain steps ``plain_now`` granted (none, for a fixed length or a schedule)."""
 
     def __init__(self, start: int, low: int, high: int, *, controller: str = "draft length") -> None:
         if low > high:
             raise ConfigError(f"{controller} option k_min={low} is above k_max={high}: make k_min <= k_max")
         self.value = start
         self.low, self.high = low, high
+        self.run = PlainRun()
 
     def choose(self, bucket: int, cap: int, backlog: int = 0) -> int:
         """How many of up to ``cap`` available drafts to verify. ``bucket``: what the drafter matched; ``backlog``:
@@ -135,8 +159,12 @@ class DraftLength:
         ``catch_up_rows`` committed tokens in ``catch_up_seconds`` (0 rows: none). For a drafter whose catch-up gives
         its first draft, ``catch_up_seconds`` include drafting that one and ``draft_seconds`` cover the rest."""
 
-    def plain_now(self) -> bool:
-        """Whether the next step is plain without asking ``choose``: never, for a fixed length or a schedule."""
+    def plain_now(self, bucket: int | None = None) -> bool:
+        """Whether the next step is plain without asking ``choose`` (then ``run`` holds it and the plain steps after
+        it that are certain too): never, for a fixed length or a schedule. ``bucket``: the drafter's one bucket, for a
+        drafter whose backlog only grows while it drafts nothing (a draft model, a head; not prompt lookup, whose
+        bucket is what the next lookup matches)."""
+        del bucket
         return False
 
     def restart(self) -> None:
@@ -202,6 +230,15 @@ class _Timings:
         totals[0] = TIMING_DECAY * totals[0] + seconds
         totals[1] = TIMING_DECAY * totals[1] + 1
 
+    def add_many(self, size: int, seconds: float, times: int) -> None:
+        """``add(size, seconds)`` ``times`` times over, at once."""
+        self.add(size, seconds)
+        if times > 1:
+            totals, kept = self._totals[size], TIMING_DECAY ** (times - 1)
+            added = (1.0 - kept) / (1.0 - TIMING_DECAY)  # the weights of the later times - 1 additions
+            totals[0] = kept * totals[0] + seconds * added
+            totals[1] = kept * totals[1] + added
+
     def mean(self, size: int) -> float:
         total, count = self._totals.get(size, (0.0, 0))
         return total / count if count else 0.0
@@ -261,6 +298,7 @@ class DraftGate:
         self._lost = 0.0  # seconds drafting steps took beyond a plain step per token they committed (< 0: gained)
         self._total = 0.0
         self._lost_here = 0.0  # the same in this generation
+        self.run = PlainRun()  # plain steps granted at once (plain_now)
 
     @property
     def unit(self) -> float:
@@ -280,24 +318,56 @@ class DraftGate:
 
     def restart(self) -> None:
         """A new generation on the same model: its first step runs cold again; what was measured stays (costs
-        belong to the machine and the model, and a drafter that did not pay is not tried again before a probe)."""
+        belong to the machine and the model, and a drafter that did not pay is not tried again before a probe).
+        Plain steps granted and not taken are dropped."""
+        self.settle()
+        self.run.left = self.run.granted = 0
         self.cold = True
         self._steps = 0
         self._probing = False
         self.stops = self.probes = 0
         self._lost_here = 0.0
 
-    def plain_now(self) -> bool:
-        """Whether the next step is plain whatever the caller's rule would say (drafting stopped, no trial, no probe
-        due, the unit timed): then it counts that step as ``drafts()`` would, and the caller prices nothing."""
-        probe_due = self._zeros >= self._wait and self._lost <= PROBE_BUDGET * self._total
-        if self.stopped and not self._trial and not probe_due and not self.cold and self._plain:
-            self._zeros += 1
-            return True
-        return False
+    def plain_now(self, wanted: bool = True) -> bool:
+        """Whether the next step is plain: the caller's rule does not want a draft (``wanted`` false) or drafting
+        stopped, and no trial or probe is due, the unit timed. Then ``run`` holds that step and every later one that is
+        plain for certain: the steps until a probe could be due (its wait, or while drafting's losses are above the
+        budget, the plain steps whose time at the unit brings them within it). The caller takes them without asking
+        (``PlainRun``) and prices nothing; they count as ``drafts()`` and ``observe`` would count them, when the gate
+        is next asked."""
+        self.settle()
+        if (wanted and not self.stopped) or self._trial or self.cold or not self._plain:
+            return False
+        steps = self._wait - self._zeros
+        if steps <= 0:
+            over = self._lost / PROBE_BUDGET - self._total
+            if over <= 0:
+                return False  # a probe is due
+            steps = int(over / self.unit) if self.unit else 1
+        # a run is read back at once, so its steps must time the unit alike: one at a time while the warm steps'
+        # do not (times_plain)
+        self.run.left = self.run.granted = max(steps, 1) if self.times_plain else 1
+        return True
+
+    def settle(self) -> tuple[int, float, bool]:
+        """Count the plain steps taken of ``run`` since the gate was last asked, as ``drafts()`` and ``observe``
+        would have counted each (their seconds shared alike). Returns how many, their seconds and whether they
+        timed the unit."""
+        steps, seconds = self.run.taken()
+        if not steps:
+            return 0, 0.0, False
+        timed = self.times_plain
+        self._zeros += steps
+        self._total += seconds
+        self._steps += steps
+        self._in_a_row = 0
+        if timed:
+            self._plain.extend([seconds / steps] * min(steps, self._plain.maxlen or steps))
+        return steps, seconds, timed
 
     def drafts(self, wanted: bool = True) -> bool:
         """Whether the next step drafts: ``wanted`` and not stopped; or a probe that is due."""
+        self.settle()
         if not self.ready or self._in_a_row >= REFRESH_EVERY:
             return False
         if self._trial or (wanted and not self.stopped):
@@ -311,6 +381,7 @@ class DraftGate:
 
     def observe(self, *, drafted: bool, committed: int, seconds: float) -> None:
         """One step: whether it drafted, how many tokens it committed and its seconds."""
+        self.settle()
         self._total += seconds
         timed = self.times_plain
         self._steps += 1
@@ -352,6 +423,7 @@ class DraftGate:
 
     def stats(self) -> dict[str, object]:
         """What the gate measured and decided, for the controller's stats()."""
+        self.settle()
         unit = self.unit
         return {
             "probes": self.probes,
@@ -377,6 +449,7 @@ class CostAwareLength(DraftLength):
         self._draft_step: list[float] = [0.0, 0.0]  # [seconds, draft steps]
         self.chosen: dict[int, int] = {}
         self.gate = DraftGate()
+        self.run = self.gate.run
         #: bucket -> the backlog at which the cost model last chose 0, while no drafting step has been seen since:
         #: plain steps only move the unit a little and a longer backlog only costs more, so the answer stands
         self._zero_at: dict[int, int] = {}
@@ -385,23 +458,34 @@ class CostAwareLength(DraftLength):
     def probes(self) -> int:
         return self.gate.probes
 
-    def plain_now(self) -> bool:
-        """Whether the next step is plain without asking ``choose`` (its gate has stopped drafting and no probe is
-        due): a drafting controller then takes a plain step and prices nothing."""
-        if self.low == 0 and self.gate.plain_now():
+    def plain_now(self, bucket: int | None = None) -> bool:
+        """Whether the next step is plain without asking ``choose`` (its gate has stopped drafting, or the cost model
+        chose 0 for ``bucket`` and nothing was drafted since, so that its answer stands; and no probe is due): a
+        drafting controller then takes the plain steps ``run`` holds (DraftGate.plain_now) and prices nothing."""
+        self._settle()
+        if self.low == 0 and self.gate.plain_now(wanted=bucket not in self._zero_at):
             self.value = 0
-            self.chosen[0] = self.chosen.get(0, 0) + 1
             return True
         return False
+
+    def _settle(self) -> None:
+        """Count the plain steps taken of ``run`` as ``observe`` would have counted each."""
+        steps, seconds, timed = self.gate.settle()
+        if steps:
+            self.chosen[0] = self.chosen.get(0, 0) + steps
+            if timed:
+                self._verify.add_many(1, seconds / steps, steps)
 
     def restart(self) -> None:
         """A new generation: its first step is plain again (cold); costs, acceptance and the gate's verdict stay,
         so a controller that keeps its rule pays for learning them once, not once a generation."""
+        self._settle()
         self.gate.restart()
         self._zero_at.clear()
         self.chosen = {}
 
     def choose(self, bucket: int, cap: int, backlog: int = 0) -> int:
+        self._settle()
         high = min(self.high, cap)
         if high <= 0 or not self.gate.ready:
             # the first two steps verify no draft: they time the one-token forward every cost is priced in
@@ -455,6 +539,7 @@ class CostAwareLength(DraftLength):
         catch_up_rows: int = 0,
         catch_up_seconds: float = 0.0,
     ) -> None:
+        self._settle()
         # a drafting step's verify is timed unless it ran cold; a plain one only where it would time the gate's unit
         if (drafted and not self.gate.cold) or (not drafted and self.gate.times_plain):
             self._verify.add(drafted + 1, verify_seconds)
@@ -479,6 +564,7 @@ class CostAwareLength(DraftLength):
 
     def cost(self, n: int) -> float:
         """c(n): a forward over n tokens in one-token forwards, from what was measured (module docstring)."""
+        self._settle()
         unit = self._unit()
         if not unit:
             return 1.0 + PRIOR_SLOPE * (n - 1)
@@ -498,6 +584,7 @@ class CostAwareLength(DraftLength):
 
     def stats(self) -> dict[str, object]:
         """What the cost rule measured and chose, for the controller's stats()."""
+        self._settle()
         unit = self._unit()
         out: dict[str, object] = {
             "k_final": self.value,

@@ -432,9 +432,11 @@ class LookupIndex:
 
     ``extend(tokens)`` appends ints to the context (``tokens``, a list) and indexes, for every n from ``ngram_max`` down
     to ``ngram_min``, the n-grams that end before the context's last token (so the context's own suffix never finds
-    itself). ``find(limit)`` looks the context's last n tokens up, longest n first, and returns up to ``limit``
-    tokens that followed their most recent earlier occurrence, with that n (([], 0) when none occurred). Indexing
-    costs a dict update per token and n; a lookup one dict lookup per n.
+    itself); ``append(token)`` appends one and leaves its indexing to the next ``extend`` or ``find`` (a plain step's
+    token, which a controller that stopped drafting may never look up). ``find(limit)`` looks the context's last n
+    tokens up, longest n first, and returns up to ``limit`` tokens that followed their most recent earlier
+    occurrence, with that n (([], 0) when none occurred). Indexing costs a dict update per token and n; a lookup one
+    dict lookup per n.
     """
 
     def __init__(self, ngram_max: int, ngram_min: int = 1) -> None:
@@ -446,17 +448,25 @@ class LookupIndex:
         self.sizes = tuple(range(ngram_max, ngram_min - 1, -1))
         self.tokens: list[int] = []
         self._index: dict[tuple[int, ...], int] = {}  # n-gram -> the position after its latest indexed occurrence
+        self._indexed = 0  # the n-grams that end before this position are indexed
 
     def extend(self, tokens: Iterable[int]) -> None:
         """Append ``tokens`` to the context and index the n-grams they complete (see the class docstring)."""
+        self.tokens.extend(tokens)
+        self._index_all()
+
+    def append(self, token: int) -> None:
+        """Append one token to the context; the next ``extend`` or ``find`` indexes it."""
+        self.tokens.append(token)
+
+    def _index_all(self) -> None:
         context = self.tokens
-        first = max(len(context), 1)
-        context.extend(tokens)
         index, sizes = self._index, self.sizes
-        for end in range(first, len(context)):
+        for end in range(max(self._indexed, 1), len(context)):
             for size in sizes:
                 if size <= end:
                     index[tuple(context[end - size : end])] = end
+        self._indexed = len(context)
 
     def find(self, limit: int) -> tuple[list[int], int]:
         """Up to ``limit`` tokens that followed the latest earlier occurrence of the context's longest indexed
@@ -465,6 +475,8 @@ class LookupIndex:
         length = len(context)
         if limit <= 0:
             return [], 0
+        if self._indexed < length:
+            self._index_all()
         for size in self.sizes:
             if size > length:
                 continue

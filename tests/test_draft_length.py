@@ -16,6 +16,7 @@ from decoctl.draft_length import (
     DraftGate,
     DraftLength,
     ScheduledLength,
+    _Timings,  # the decayed means a run of plain steps is added to at once
     draft_length,
     remembered,
 )
@@ -414,20 +415,64 @@ def test_a_single_draft_after_a_catch_up_adds_no_draft_step_cost() -> None:
 
 
 def test_plain_now_skips_exactly_the_steps_drafts_would_make_plain() -> None:
-    """A controller that asks plain_now() first (and drafts() only when it says no) probes on the same steps as
-    one that asks drafts() every step."""
-    schedules = []
+    """A controller that takes the plain steps plain_now() grants without asking (PlainRun), and asks drafts() only
+    when none is granted, probes on the same steps as one that asks drafts() every step, and leaves the gate as
+    it: the same unit, wait and stats."""
+    schedules, gates = [], []
     for ask_first in (False, True):
         gate = timed_gate()
         run(gate, JUDGE_AFTER, draft_ms=1.01, committed=1)  # stopped
         assert gate.stopped
-        drafted = []
+        drafted, granted = [], gate.run
         for _ in range(8 * PROBE_AFTER):
-            drafts = False if ask_first and gate.plain_now() else gate.drafts(wanted=True)
+            if ask_first and (granted.left or gate.plain_now()):
+                granted.left -= 1
+                granted.seconds += 1e-3
+                drafted.append(False)
+                continue
+            drafts = gate.drafts(wanted=True)
             gate.observe(drafted=drafts, committed=1, seconds=1.01e-3 if drafts else 1e-3)
             drafted.append(drafts)
         schedules.append([i for i, d in enumerate(drafted) if d])
+        gates.append(gate)
     assert schedules[0] == schedules[1] == [PROBE_AFTER, 3 * PROBE_AFTER + 1, 7 * PROBE_AFTER + 2]
+    asked, granted_gate = gates
+    assert granted_gate.stats() == asked.stats()
+    assert granted_gate.unit == pytest.approx(asked.unit)
+    assert granted_gate._wait == asked._wait and granted_gate._zeros == asked._zeros
+
+
+def test_plain_now_grants_the_steps_until_a_probe_could_be_due() -> None:
+    gate = timed_gate()
+    run(gate, JUDGE_AFTER, draft_ms=1.01, committed=1)  # stopped
+    assert gate.plain_now()
+    assert gate.run.left == PROBE_AFTER  # the probe waits PROBE_AFTER plain steps; none taken yet
+    gate.run.left -= 3
+    gate.run.seconds += 3e-3
+    assert gate.stats()["probes"] == 0  # reading the gate counts the three steps taken, the rest stays granted
+    assert gate.run.left == PROBE_AFTER - 3 and gate._zeros == 3
+
+
+def test_a_run_granted_at_a_generations_end_is_dropped_by_the_next() -> None:
+    gate = timed_gate()
+    run(gate, JUDGE_AFTER, draft_ms=1.01, committed=1)
+    assert gate.plain_now()
+    gate.run.left -= 1
+    gate.run.seconds += 1e-3
+    gate.restart()
+    assert gate.run.left == 0 and gate._zeros == 1  # the step taken counts; the new generation starts cold
+    assert not gate.plain_now()
+
+
+def test_timings_add_many_equals_adding_one_at_a_time() -> None:
+    one, many = _Timings(), _Timings()
+    for seconds in (2e-3, 1e-3):
+        one.add(1, seconds)
+        many.add(1, seconds)
+    for _ in range(37):
+        one.add(1, 1.5e-3)
+    many.add_many(1, 1.5e-3, 37)
+    assert many.mean(1) == pytest.approx(one.mean(1), rel=1e-12)
 
 
 def test_a_gate_that_has_not_stopped_never_skips_the_rule() -> None:

@@ -9,6 +9,9 @@
     .venv/bin/python tools/bench_host_step.py heads TARGET --head HEAD   # an EAGLE head's step, narrowed variants
     .venv/bin/python tools/bench_host_step.py outside-run pycode --prompts examples/real_model_prompts.jsonl
                                                    # each strategy's host work outside onnxruntime's Run, a token
+    .venv/bin/python tools/bench_host_step.py gated-off pycode --prompts examples/code_prompts.jsonl
+                                                   # the same with every gate stopped (plain steps only), and the
+                                                   # Python calls a token (cProfile), which no load moves
 
 Runs with decoctl's own venv, one intra-op thread. Each mode alternates its contenders round by round and prints
 medians (microseconds or milliseconds a step), so drift in machine load hits all alike; run it on a quiet machine.
@@ -291,14 +294,88 @@ def outside_run(model: str, prompts_file: str, rounds: int) -> None:
         runner_module.Runner.run = run  # type: ignore[method-assign]
 
 
+def gated_off(model: str, prompts_file: str, rounds: int) -> None:
+    """outside-run's contenders with drafting stopped for good after a warm-up pass (every remembered gate stopped,
+    its next probe beyond the run), so that every step but a generation's first few is the plain step a gated-off
+    controller takes where drafting does not pay: the microseconds a token outside onnxruntime's Run (timed, medians
+    of ``rounds`` passes alternating the contenders) and the Python function calls a token (cProfile: a count, the
+    same on a busy machine as on a quiet one). Every output is checked equal to greedy's."""
+    import cProfile
+    import pstats
+
+    from decoctl import draft_length
+    from decoctl.model import _runner as runner_module
+
+    spent = [0.0]
+    run = runner_module.Runner.run
+
+    def timed(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        began = time.perf_counter()
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - began
+
+    def stop_every_gate() -> None:
+        for _, rules in getattr(draft_length._kept, "rules", {}).values():
+            for rule in rules.values():
+                gate = getattr(rule, "gate", rule)
+                if isinstance(gate, draft_length.DraftGate):
+                    gate.stopped, gate._trial, gate._wait = True, 0, 1 << 30
+
+    prompts = [json.loads(line)["prompt"] for line in Path(prompts_file).read_text(encoding="utf-8").splitlines()]
+    contenders = {
+        "greedy": ({"target": model}, "greedy", {}),
+        "draft model": ({"target": model, "draft": f"{model}-draft"}, "speculative", {}),
+        "prompt lookup": ({"target": model}, "speculative", {"drafter": "prompt-lookup"}),
+        "lookahead": ({"target": model}, "lookahead", {}),
+        "eagle": ({"target": model, "eagle": f"{model}-eagle"}, "eagle", {}),
+    }
+    generators = {
+        name: Generator(roles, controller, options=options, threads=1)
+        for name, (roles, controller, options) in contenders.items()
+    }
+    expected = [generators["greedy"].generate(prompt, max_new_tokens=96).tokens for prompt in prompts]
+    for name, generator in generators.items():
+        generator.generate(prompts[0], max_new_tokens=96)  # the rules learn the unit and the costs
+        stop_every_gate()
+        got = [generator.generate(prompt, max_new_tokens=96).tokens for prompt in prompts]
+        if got != expected:
+            raise SystemExit(f"{name}: outputs differ from greedy's")
+
+    def outside(generator: Generator) -> float:
+        spent[0] = 0.0
+        tokens, began = 0, time.perf_counter()
+        for prompt in prompts:
+            tokens += len(generator.generate(prompt, max_new_tokens=96).tokens)
+        return (time.perf_counter() - began - spent[0]) / tokens * 1e6
+
+    runner_module.Runner.run = timed  # type: ignore[method-assign]
+    try:
+        medians = alternate({name: (lambda g=g: outside(g)) for name, g in generators.items()}, rounds)
+    finally:
+        runner_module.Runner.run = run  # type: ignore[method-assign]
+    for name, generator in generators.items():
+        profile = cProfile.Profile()
+        profile.enable()
+        tokens = sum(len(generator.generate(prompt, max_new_tokens=96).tokens) for prompt in prompts)
+        profile.disable()
+        calls = pstats.Stats(profile).total_calls / tokens  # type: ignore[attr-defined]
+        print(f"{name:14s} outside Run {medians[name]:6.1f} us a token   Python calls a token {calls:6.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("sessions", "fast-path", "lengths", "chain", "layers", "heads", "outside-run"))
+    parser.add_argument(
+        "mode", choices=("sessions", "fast-path", "lengths", "chain", "layers", "heads", "outside-run", "gated-off")
+    )
     parser.add_argument("--head", help="heads: an exported EAGLE head folder")
     parser.add_argument("model")
     parser.add_argument("processors", nargs="?", default="top_k=40,top_p=0.95,temperature=0.8")
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--prompts", default="examples/real_model_prompts.jsonl", help="outside-run: a prompts file")
+    parser.add_argument(
+        "--prompts", default="examples/real_model_prompts.jsonl", help="outside-run, gated-off: a prompts file"
+    )
     args = parser.parse_args()
     if args.mode == "sessions":
         sessions(args.model, args.rounds)
@@ -312,6 +389,8 @@ def main() -> None:
         layers(args.model, max(args.rounds, 14))
     elif args.mode == "outside-run":
         outside_run(args.model, args.prompts, min(args.rounds, 3))
+    elif args.mode == "gated-off":
+        gated_off(args.model, args.prompts, args.rounds)
     else:
         chain(args.model, args.processors, args.rounds)
 

@@ -52,6 +52,7 @@ measured time, a sampled generation's exact tokens for a seed can differ between
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -59,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from decoctl import ConfigError, Host, Option, Sequence
-from decoctl.draft_length import DraftLength, draft_length
+from decoctl.draft_length import DraftLength, PlainRun, draft_length
 from decoctl.logs import get_logger
 from decoctl.model.eagle_graph import EAGLE1
 from decoctl.verify import DraftTree, Verdict, Verifier, draw, log_probabilities, probabilities
@@ -230,12 +231,16 @@ class Eagle:
         self.temperature = float(options["temperature"])
         self.clock = clock
         self.catch_up_most = int(options["catch_up_most"])
+        #: the latest pairs a catch-up feeds (catch_up_most; 0: all of them)
+        self._pairs_fed = self.catch_up_most or sys.maxsize
         self.verifier = Verifier(sampling=self.sampling, temperature=self.temperature)
         self._reset()
 
     def _reset(self) -> None:
         #: the chain's draft-length rule; what it learnt belongs to one generation (a tree has none: fixed shape)
         self.length: DraftLength | None = None if self.tree else _length_rule(self._options)
+        #: plain steps the chain's rule granted (DraftLength.run); a tree has none
+        self._run = self.length.run if self.length is not None else PlainRun()
         #: the head's last row and predicted feature after its last catch-up
         self._root: tuple[np.ndarray, np.ndarray] | None = None
         #: the head's architecture and sizes, which say how its feature rows are laid out (set in start())
@@ -253,6 +258,7 @@ class Eagle:
         self._reset()
         if not self.tree:
             self.length = _length_rule(self._options, host)
+            self._run = self.length.run
         target, head = host.target, host[HEAD]
         prompt = host.prompt_tokens
         self._head = _head_shape(target, head)
@@ -312,9 +318,24 @@ class Eagle:
 
     def _chain_step(self, host: Host) -> None:
         assert self.length is not None  # every chain controller has its rule
+        run = self._run
+        if run.left or self.length.plain_now(0):
+            # drafting stopped or not worth it, no probe due: a plain step the rule granted, greedy's host calls and a
+            # timing; of the pairs for the head's next catch-up only the latest catch_up_most are fed, so only the
+            # granted steps that many from the run's end keep theirs (written in place)
+            run.left -= 1
+            began = self.clock()
+            token = self.verifier.plain(host)
+            seconds = self.clock() - began
+            run.seconds += seconds
+            self.verify_seconds += seconds
+            self.committed += 1
+            if run.left < self._pairs_fed:
+                self._defer_one(host.target, token)
+            return
         clock = self.clock
         began = clock()
-        k = 0 if self.length.plain_now() else self.length.choose(0, self._chain_room(host), self._catch_up_rows())
+        k = self.length.choose(0, self._chain_room(host), self._catch_up_rows())
         if not k:  # a plain target step: no head, no drafting bookkeeping (it runs where drafting does not pay)
             verifying = clock()
             token = self.verifier.plain(host)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from decoctl import CapabilityError, Host, Option
-from decoctl.draft_length import DraftGate, remembered
+from decoctl.draft_length import DraftGate, PlainRun, remembered
 from decoctl.verify import DraftTree, LookupIndex, Verdict, Verifier
 from decoctl_lookahead.pool import NGramPool
 
@@ -147,6 +147,7 @@ class Lookahead:
         #: model and shape); None: a tree every step
         shape = (self.window, self.levels, self.guesses, self.copy_length)
         self.gate = remembered(target.model, ("lookahead", shape), DraftGate) if self.adaptive else None
+        self._run = self.gate.run if self.gate is not None else PlainRun()  # plain steps the gate granted
         self.hits = self.verified = self.trimmed = self.copied = self.copy_accepted = self.plain = 0
         host.trace["lookahead"] = {
             "window": self.window,
@@ -157,6 +158,17 @@ class Lookahead:
 
     # -- one step -----------------------------------------------------------------------------------------
     def step(self, host: Host) -> None:
+        run = self._run
+        if run.left or (self.gate is not None and self.gate.plain_now()):
+            # the trees do not pay here and no probe is due: a plain step the gate granted, greedy's host calls and a
+            # timing (the token is indexed, and the pool catches up on it, when drafting resumes)
+            run.left -= 1
+            began = self.clock()
+            token = self.verifier.plain(host)
+            run.seconds += self.clock() - began
+            self.plain += 1
+            self._lookup.append(token)
+            return
         began = self.clock()
         context = self._lookup.tokens
         if self.gate is not None and not self.gate.drafts():

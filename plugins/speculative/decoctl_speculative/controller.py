@@ -77,14 +77,19 @@ class Speculative:
         else:
             self.drafter = PromptLookupDrafter(ngram_min=options["ngram_min"], ngram_max=options["ngram_max"])
         self._options = options
+        #: the drafter's one bucket, whose cost-model answer stands while it drafts nothing (a draft model's; a
+        #: lookup's bucket is what it matches next)
+        self._bucket = None if self.drafter.model_free else self.drafter.bucket
         self.clock = clock
         self.k = self._rule()
+        self._run = self.k.run
         self.verifier = Verifier(sampling=self.sampling, temperature=self.temperature)
         self.draft_seconds = self.verify_seconds = 0.0
 
     def start(self, host: Host) -> None:
         self.draft_seconds = self.verify_seconds = 0.0
         self.k = self._rule(host)
+        self._run = self.k.run
         prompt = host.prompt_tokens
         self._context = np.zeros(len(prompt) + host.remaining + 1, np.int64)
         self._context[: len(prompt)] = prompt
@@ -126,11 +131,21 @@ class Speculative:
         )
 
     def step(self, host: Host) -> None:
+        run = self._run
+        if run.left or self.k.plain_now(self._bucket):
+            # drafting stopped or not worth it, no probe due: a plain step the rule granted, greedy's host calls and a
+            # timing, nothing proposed, priced or told (the context has room for a token past the generation's last)
+            run.left -= 1
+            began = self.clock()
+            token = self.verifier.plain(host)
+            seconds = self.clock() - began
+            run.seconds += seconds
+            self.verify_seconds += seconds
+            self._context[self._length] = token
+            self._length += 1
+            return
         clock = self.clock
         began = clock()
-        if self.k.plain_now():  # drafting stopped, no probe due: nothing to propose or price
-            self._plain(host, began)
-            return
         cap = min(self.k.high, self.verifier.room(host))
         context = self._context[: self._length]
         if self.drafter.model_free:  # drafting is free: take every candidate, then verify as many as pay
