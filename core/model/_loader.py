@@ -19,6 +19,7 @@ from decoctl.model._capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model._encoder_decoder import Encoder, read_encoder
 from decoctl.model._gemma3_vision import gemma3_images
 from decoctl.model._kv_cache import kv_dtype, kv_shape
+from decoctl.model._pipeline_executor import OncePerInput, check_phases
 from decoctl.model._prefill import PrefillGraph, read_prefill
 from decoctl.model._providers import CPU, Provider, SessionWithoutFallback
 from decoctl.model._qwen_vl import qwen_vision
@@ -326,10 +327,15 @@ def _composite(
             )
         return None, None
     stages = {s.name: s for s in description.stages}
-    if set(stages) not in (_VISION_LANGUAGE, _SPLIT):
+    # a vision-language model's once-per-image part may be any chain of generation-phase sessions (a vision tower
+    # and a separate projector): decoctl.model._pipeline_executor runs it as described
+    once = {n for n, s in stages.items() if s.phase == "generation"}
+    vision_language = bool(once) and set(stages) == once | (_VISION_LANGUAGE - {"vision"})
+    if set(stages) != _SPLIT and not vision_language:
         raise ModelLoadError(
-            f"{description.origin}: decoctl runs composite models of the sessions vision, embedding and decoder (a "
-            f"vision-language model) or prefill and decoder (a split export); this description has {sorted(stages)}"
+            f"{description.origin}: decoctl runs composite models of the sessions vision (or any chain of "
+            "generation-phase sessions), embedding and decoder (a vision-language model) or prefill and decoder (a "
+            f"split export); this description has {sorted(stages)}"
         )
     if stages["decoder"].file != spec.onnx_file.name:
         raise ModelLoadError(
@@ -345,6 +351,7 @@ def _composite(
             raise ModelLoadError(f"{description.origin}: session {name!r} names {path}, which does not exist")
         sessions[name] = _session(path, None, options, provider)
     description.validate({name: pipelines.ports_of(session) for name, session in sessions.items()})
+    check_phases(description)
     if "prefill" in stages:
         if not stages["prefill"].shares_kv:
             raise ModelLoadError(
@@ -374,6 +381,7 @@ def _vision_parts(
     feature_output = edge[("embedding", feature_input)][1]
     embeds_output = edge[("decoder", capabilities.inputs_embeds)][1]
     ids_input = stages["embedding"].host_inputs[0]
+    chain = OncePerInput(description, sessions)
     embedding = sessions["embedding"]
     table = read_embedding_table(spec.path / stages["embedding"].file, ids_input)
     embedder = TokenEmbedder(
@@ -396,8 +404,8 @@ def _vision_parts(
         qwen=qwen,
         marks=marks,
         blocks=blocks,
-        vision=sessions["vision"],
-        pixel_input=stages["vision"].host_inputs[0],
+        vision=sessions["vision"] if chain.order == ("vision",) else chain,
+        pixel_input=stages[chain.order[0]].host_inputs[0],
         feature_output=feature_output,
         embedder=embedder,
         preprocessor=preprocessor,
