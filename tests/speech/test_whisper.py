@@ -45,8 +45,9 @@ def test_greedy_equals_the_transformers_model(whisper: Any, seed: int) -> None:
     assert len(set(expected)) > 3  # the model says more than one repeated token
 
 
-def test_greedy_equals_transformers_generate(whisper: Any) -> None:
-    audio = _audio(1, 2)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_greedy_equals_transformers_generate(whisper: Any, seed: int) -> None:
+    audio = _audio(seed, SECONDS[seed - 1])
     result = _greedy(whisper).generate("", audio=audio, language="en", task="transcribe", max_new_tokens=NEW)
     assert list(result.tokens) == whisper.greedy("whisper", audio, NEW, language="en", task="transcribe")
 

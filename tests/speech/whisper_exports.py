@@ -24,8 +24,9 @@ import numpy as np
 from decoctl.testing._tokenizer import EOS_TOKEN_ID, PAD_TOKEN_ID, build_tokenizer, write_tokenizer_config
 
 VOCAB = 384
-#: Whisper's special tokens, placed inside the tests' vocabulary
-START, ENGLISH, FRENCH, TRANSCRIBE, TRANSLATE, NO_TIMESTAMPS = 300, 301, 302, 303, 304, 305
+#: Whisper's special tokens, the last ids of the tests' vocabulary: transformers' Whisper generate reads every id
+#: after no_timestamps_token_id as a timestamp, so none may follow it
+START, ENGLISH, FRENCH, TRANSCRIBE, TRANSLATE, NO_TIMESTAMPS = range(VOCAB - 6, VOCAB)
 TARGET_POSITIONS = 96
 OPSET = 17
 #: seeds whose random weights greedy-decode the tests' audio into more than one repeated token
