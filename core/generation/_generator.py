@@ -573,7 +573,11 @@ class Generator:
             source, ids = ids, self._decoder_prompt(ids)
         features = None
         if target.vision is not None:
-            features = target.vision.encode(list(images))
+            vision = target.vision
+            if self.prefix_cache is None:
+                features = vision.encode(list(images))
+            else:  # the same images as a kept prompt's (a chat about a picture): their features kept too
+                features = self.prefix_cache.image_features(images, vision.encode)
             chat = isinstance(prompt, ChatPrompt)  # its ids were encoded without adding special tokens
             expanded = target.vision.prompt_ids(
                 target.tokenizer, prompt, ids.tolist(), features, add_special_tokens=not chat

@@ -32,6 +32,10 @@ from __future__ import annotations
 import collections
 import hashlib
 import threading
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from pathlib import Path
+from typing import Any
 
 import attrs
 import numpy as np
@@ -56,8 +60,9 @@ _ROOT = b"decoctl-prefix-cache"
 @attrs.frozen(kw_only=True)
 class PrefixCacheStats:
     """What the cache did since it was made: ``lookups`` (restores asked), ``hits`` (restores that copied at least
-    one block), ``tokens_saved`` (prompt tokens copied instead of prefilled), ``blocks``, ``bytes`` (held now),
-    ``budget`` (bytes), ``evicted`` (blocks dropped for room)."""
+    one block), ``tokens_saved`` (prompt tokens copied instead of prefilled), ``blocks``, ``bytes`` (held now,
+    blocks and image features), ``budget`` (bytes), ``evicted`` (blocks dropped for room), ``image_hits`` (prompts
+    whose images' features were kept)."""
 
     lookups: int
     hits: int
@@ -66,6 +71,7 @@ class PrefixCacheStats:
     bytes: int
     budget: int
     evicted: int
+    image_hits: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -102,6 +108,9 @@ class PrefixCache:
         self._blocks: collections.OrderedDict[bytes, _Block] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._lookups = self._hits = self._saved = self._evicted = 0
+        #: a vision-language target's image features by the digest of the images' bytes, least recent first
+        self._features: collections.OrderedDict[bytes, ImageFeatures] = collections.OrderedDict()
+        self._feature_bytes = self._image_hits = 0
 
     @classmethod
     def for_model(cls, model: LoadedModel, megabytes: float) -> PrefixCache:
@@ -211,7 +220,7 @@ class PrefixCache:
             have = 0
             while have < count and keys[have][0] in self._blocks:
                 have += 1
-            room = self.budget // self.block_bytes
+            room = (self.budget - self._feature_bytes) // self.block_bytes
             count = min(count, room)  # a chain longer than the budget keeps its head
             added = max(count - have, 0)
             if added:
@@ -227,6 +236,36 @@ class PrefixCache:
                 self._blocks.move_to_end(key)
         return added
 
+    def image_features(
+        self, pictures: Seq[Any], encode: Callable[[list[Any]], ImageFeatures], salt: str = ""
+    ) -> ImageFeatures:
+        """The features ``encode(pictures)`` gives, kept by the digest of the pictures' bytes in order (with ``salt``,
+        the options the encoding depends on, such as a pixel limit): a prompt that carries the same images as a kept
+        one (the next turn of a chat about a picture) runs no vision encoder. Pictures as bytes or file paths are
+        kept; a call with any other kind (a PIL image) is encoded every time. The features held never take more than
+        a quarter of the budget; the blocks have what the features leave."""
+        key = _pictures_key(pictures, salt)
+        if key is None:
+            return encode(list(pictures))
+        with self._lock:
+            held = self._features.get(key)
+            if held is not None:
+                self._features.move_to_end(key)
+                self._image_hits += 1
+                return held
+        features = encode(list(pictures))
+        size = features.rows.nbytes
+        with self._lock:
+            if key not in self._features and size <= self.budget // 4:
+                while self._features and self._feature_bytes + size > self.budget // 4:
+                    self._feature_bytes -= self._features.popitem(last=False)[1].rows.nbytes
+                while self._blocks and len(self._blocks) * self.block_bytes + self._feature_bytes + size > self.budget:
+                    self._blocks.popitem(last=False)
+                    self._evicted += 1
+                self._features[key] = features
+                self._feature_bytes += size
+        return features
+
     def stats(self) -> PrefixCacheStats:
         with self._lock:
             return PrefixCacheStats(
@@ -234,9 +273,10 @@ class PrefixCache:
                 hits=self._hits,
                 tokens_saved=self._saved,
                 blocks=len(self._blocks),
-                bytes=len(self._blocks) * self.block_bytes,
+                bytes=len(self._blocks) * self.block_bytes + self._feature_bytes,
                 budget=self.budget,
                 evicted=self._evicted,
+                image_hits=self._image_hits,
             )
 
     def _check(self, sequence: Sequence) -> None:
@@ -282,3 +322,21 @@ def ring_split(cache: PrefixCache, sequence: Sequence, ids: np.ndarray) -> int |
         return None
     size = cache.block_tokens
     return cache._whole_images(ids, min(reuse_limit(kv), len(ids) - 1) // size) * size
+
+
+def _pictures_key(pictures: Seq[Any], salt: str) -> bytes | None:
+    """A digest of ``pictures`` (bytes or file paths) in order, or None where one is of another kind."""
+    digest = hashlib.blake2b(salt.encode(), digest_size=16)
+    for picture in pictures:
+        if isinstance(picture, bytes | bytearray | memoryview):
+            data = bytes(picture)
+        elif isinstance(picture, str | Path):
+            try:
+                data = Path(picture).read_bytes()
+            except OSError:
+                return None  # the encoder names the file it cannot read
+        else:
+            return None
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.digest()

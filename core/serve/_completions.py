@@ -176,7 +176,13 @@ class Completions:
         def encode() -> tuple[list[int], ImageFeatures]:
             pictures = [image_bytes(url) for url in urls]
             # once per image, beside the engine thread's decoder
-            features = vision.encode(pictures, max_pixels=max_pixels)
+            cache = self.engine.prefix_cache
+            if cache is None:
+                features = vision.encode(pictures, max_pixels=max_pixels)
+            else:  # the same images as a kept request's (each turn of a chat about a picture): run the encoder once
+                features = cache.image_features(
+                    pictures, lambda given: vision.encode(given, max_pixels=max_pixels), salt=f"max_pixels={max_pixels}"
+                )
             # the chat's ids were encoded without adding special tokens; Gemma 3 expands its marks in the text
             ids = vision.prompt_ids(tokenizer, prompt, list(prompt.ids), features, add_special_tokens=False)
             return ids, features

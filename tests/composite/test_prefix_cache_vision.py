@@ -111,3 +111,77 @@ def test_the_servers_rows_copy_past_an_image_only_for_the_same_image(llava: Any,
     finally:
         engine.close(drain=False)
     assert engine.prefix_cache is not None and engine.prefix_cache.stats().hits == 2
+
+
+def test_the_same_images_run_the_vision_encoder_once(llava: Any, pictures: list[Path]) -> None:
+    from vlm_models import IMAGE_MARK
+
+    registry = PluginRegistry(autoload=False)
+    off = Generator({"target": llava.onnx}, registry=registry, threads=1)
+    on = Generator({"target": llava.onnx}, registry=registry, threads=1, prefix_cache_mb=16)
+    vision = on.models["target"].vision
+    assert vision is not None
+    prompt = f"{LEAD}{IMAGE_MARK}{TAIL}"
+    runs = []
+    for images in ([pictures[0]], [pictures[0].read_bytes()], [pictures[1]], [pictures[0]]):
+        before = vision.encoder_runs
+        result = on.generate(prompt, images=images, max_new_tokens=NEW)
+        assert result.tokens == off.generate(prompt, images=images, max_new_tokens=NEW).tokens
+        runs.append(vision.encoder_runs - before)
+    # a path and the same file's bytes are the same image; another image runs the encoder, the first is still kept
+    assert runs == [1, 0, 1, 0]
+    assert on.prefix_cache is not None and on.prefix_cache.stats().image_hits == 2
+
+
+def test_a_chat_about_a_picture_through_the_server_runs_the_encoder_once(
+    llava: Any, pictures: list[Path], tmp_path: Path
+) -> None:
+    import base64
+    import socket
+    import threading
+
+    openai = pytest.importorskip("openai")
+    uvicorn = pytest.importorskip("uvicorn")
+    from decoctl import load_model
+    from decoctl.generation import ChatTemplate
+    from decoctl.serve._app import create_app
+    from decoctl.serve._engine import Engine
+
+    folder = llava.onnx
+    template = tmp_path / "chat_template.jinja"
+    template.write_text(
+        "{{ bos_token }}{% for m in messages %}{{ m.role | upper }}: {% if m.content is string %}{{ m.content }}"
+        "{% else %}{% for p in m.content %}{% if p.type == 'image' %}<image>\\n{% else %}{{ p.text }}{% endif %}"
+        "{% endfor %}{% endif %}\\n{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+    )
+    registry = PluginRegistry(autoload=False)
+    engine = Engine({"target": load_model(folder, name="llava")}, registry=registry, max_rows=2, prefix_cache_mb=16)
+    chat = ChatTemplate.from_folder(folder, template=template)
+    app = create_app(engine, model_name="llava", chat_template=chat, api_key=None)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    vision = engine.models["target"].vision
+    assert vision is not None
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", api_key="x", max_retries=0)
+        url = "data:image/png;base64," + base64.b64encode(pictures[0].read_bytes()).decode()
+        picture = {"type": "image_url", "image_url": {"url": url}}
+        messages: list[dict[str, Any]] = [{"role": "user", "content": [picture, {"type": "text", "text": LEAD}]}]
+        runs = []
+        for turn in ("what is it?", "and its colours?"):
+            messages.append({"role": "user", "content": turn})
+            before = vision.encoder_runs
+            answer = client.chat.completions.create(model="llava", messages=messages, max_tokens=8, temperature=0)
+            runs.append(vision.encoder_runs - before)
+            messages.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
+    finally:
+        server.should_exit = True
+        thread.join()
+    assert runs == [1, 0]  # the second turn carries the same picture: its features were kept
+    assert engine.prefix_cache is not None
+    stats = engine.prefix_cache.stats()
+    assert stats.image_hits == 1 and stats.hits == 1  # and the second turn copied the first turn's blocks
