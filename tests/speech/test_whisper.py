@@ -222,3 +222,11 @@ def test_the_command_line_refuses_language_without_audio(whisper: Any, capsys: p
 
     assert main(["generate", "-m", str(whisper.folder("whisper")), "hi", "--language", "en", "--stats", "none"]) != 0
     assert "--language and --task go with --audio" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_beam_search_equals_transformers_beam_search(whisper: Any, seed: int) -> None:
+    audio = _audio(seed, SECONDS[seed - 1])
+    generator = Generator({"target": str(whisper.folder("whisper"))}, "beam", options={"num_beams": 3}, threads=1)
+    result = generator.generate("", audio=audio, language="en", max_new_tokens=12)
+    assert list(result.tokens) == whisper.greedy("whisper", audio, 12, language="en", task="transcribe", num_beams=3)
