@@ -690,12 +690,13 @@ def dry_forward(model: LoadedModel) -> str:
 
         decoder = DecoderRunner(model, max_length=min(spec.max_length, 8))
         runner = decoder
-        encoded = f"the encoder over {DRY_TOKENS} source tokens, then "
+        source = f"{DRY_TOKENS} source tokens" if encoder.audio is None else "a window of silence"
+        encoded = f"the encoder over {source}, then "
         try:
             decoder.encode(encoder.dry_source(tokens))
         except Exception as exc:  # onnxruntime's own error types
             raise ModelLoadError(
-                f"{encoder.parts.encoder_file} loads but a pass over {DRY_TOKENS} tokens fails in onnxruntime "
+                f"{encoder.parts.encoder_file} loads but a pass over {source} fails in onnxruntime "
                 f"({type(exc).__name__}: {exc}): the encoder does not run as decoctl binds it; re-export it"
             ) from exc
     # an encoder-decoder model's first forward runs its first-pass decoder

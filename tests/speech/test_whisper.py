@@ -230,3 +230,12 @@ def test_beam_search_equals_transformers_beam_search(whisper: Any, seed: int) ->
     generator = Generator({"target": str(whisper.folder("whisper"))}, "beam", options={"num_beams": 3}, threads=1)
     result = generator.generate("", audio=audio, language="en", max_new_tokens=12)
     assert list(result.tokens) == whisper.greedy("whisper", audio, 12, language="en", task="transcribe", num_beams=3)
+
+
+def test_models_info_describes_the_speech_encoder(whisper: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from decoctl.cli import main
+
+    assert main(["models", "info", str(whisper.folder("whisper"))]) == 0
+    out = capsys.readouterr().out
+    assert "input_features [80, 3000] -> last_hidden_state [1500, 32]), run once per 30 s of audio" in out
+    assert "dry forward ok: the encoder over a window of silence" in out
