@@ -105,3 +105,11 @@ def test_bench_refuses_contenders_that_cannot_run_on_the_provider(capsys: pytest
     status = main(["bench", "--contenders", "raw-ort,greedy", "--provider", "openvino", "-n", "2", "--repeats", "1"])
     assert status == 2
     assert "contender raw-ort runs on its own runtime's CPU device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_serve_and_chat_refuse_a_missing_provider_before_starting(
+    command: str, genai_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([command, "-m", str(genai_model), "--threads", "1", "--provider", ABSENT]) == 2
+    assert "install onnxruntime-directml" in capsys.readouterr().err
