@@ -8,7 +8,7 @@ Private modules: ``_generator`` (the Generator), ``_opening`` (a choice checked 
 and controller, for the Generator and the server's engine), ``_results`` (what a generation gives back), ``_batch``
 (batched prompts and prompt files), ``_chat_template`` (chat templates in jinja2's sandbox), ``_tool_formats``,
 ``_tool_answers`` and ``_tool_grammar`` (tool calls in a template family's format, read from answers, and the grammar
-that constrains them).
+that constrains them), ``_speech`` (a speech model's audio request, its token rules, long audio window by window).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from decoctl.generation._chat_template import CHAT_TEMPLATE_FILE, ChatPrompt, ChatTemplate, encode_prompt
     from decoctl.generation._generator import Generator, generate, stream
     from decoctl.generation._results import Completion, GenerationResult, GenerationStats
+    from decoctl.generation._speech import Transcription, transcribe
     from decoctl.generation._tool_answers import ParsedAnswer, ToolCall, parse_answer
     from decoctl.generation._tool_formats import TOOL_FORMATS, ToolFormat, tool_format_for
     from decoctl.generation._tool_grammar import tool_grammar
@@ -58,6 +59,7 @@ _EXPORTS = {
     **dict.fromkeys(("ParsedAnswer", "ToolCall", "parse_answer"), "decoctl.generation._tool_answers"),
     **dict.fromkeys(("TOOL_FORMATS", "ToolFormat", "tool_format_for"), "decoctl.generation._tool_formats"),
     "tool_grammar": "decoctl.generation._tool_grammar",
+    **dict.fromkeys(("Transcription", "transcribe"), "decoctl.generation._speech"),
 }
 
 __all__ = [
@@ -75,6 +77,7 @@ __all__ = [
     "ParsedAnswer",
     "ToolCall",
     "ToolFormat",
+    "Transcription",
     "encode_prompt",
     "generate",
     "one_at_a_time",
@@ -86,6 +89,7 @@ __all__ = [
     "stream",
     "tool_format_for",
     "tool_grammar",
+    "transcribe",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

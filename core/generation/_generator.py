@@ -370,7 +370,7 @@ class Generator:
         ``images`` (paths, bytes or PIL images): a vision-language target's images, one per image token of the
         prompt, in order. ``audio`` (a PCM WAV path or its bytes, or float32 samples at the model's rate, up to one
         30 s window; the prompt empty): a speech model's input, ``language`` and ``task`` its prompt tokens
-        (decoctl.generation._speech; longer audio: decoctl.generation.transcribe).
+        (longer audio: decoctl.generation.transcribe).
 
         The generation starts at the first item and runs while the stream is read. On a GenerationError the stream
         first yields what it has not yet given of the error's ``text`` (the pieces always join to it), then raises.

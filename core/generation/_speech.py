@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,18 +188,17 @@ class Transcription:
 
 
 def transcribe(
-    generate: Callable[..., Any],
-    model: LoadedModel,
+    generator: Any,
     audio: Any,
     *,
     language: str | None = None,
     task: str | None = None,
     max_new_tokens: int = 128,
 ) -> Transcription:
-    """Transcribe ``audio`` of any length in the model's windows (30 s), one generation each, in order:
-    ``generate`` is a Generator's ``generate``."""
+    """Transcribe ``audio`` (a PCM WAV path or its bytes, or float32 samples) of any length with ``generator`` (a
+    decoctl.Generator over a speech model) in the model's windows (30 s), one generation each, in order."""
     results = tuple(
-        generate("", audio=window, language=language, task=task, max_new_tokens=max_new_tokens)
-        for window in audio_windows(model, audio)
+        generator.generate("", audio=window, language=language, task=task, max_new_tokens=max_new_tokens)
+        for window in audio_windows(generator.models["target"], audio)
     )
     return Transcription(text="".join(r.text for r in results), windows=results)

@@ -14,7 +14,7 @@ from decoctl_speculative import plugin as speculative_plugin
 from whisper_exports import ENGLISH, FRENCH, NO_TIMESTAMPS, START, TRANSCRIBE, TRANSLATE
 
 from decoctl import ConfigError, Generator
-from decoctl.generation._speech import transcribe
+from decoctl.generation import transcribe
 from decoctl.plugins import PluginRegistry
 
 NEW = 24
@@ -120,7 +120,7 @@ def test_prompt_lookup_gives_greedy_s_tokens(whisper: Any, plugins: PluginRegist
 def test_long_audio_goes_in_30_second_windows(whisper: Any) -> None:
     audio = np.concatenate([_audio(1, 30), _audio(2, 30), _audio(3, 5)])
     generator = _greedy(whisper)
-    result = transcribe(generator.generate, generator.models["target"], audio, language="en", max_new_tokens=8)
+    result = transcribe(generator, audio, language="en", max_new_tokens=8)
     assert len(result.windows) == 3
     prompt = [START, ENGLISH, TRANSCRIBE, NO_TIMESTAMPS]
     for window, start in zip(result.windows, (0, 480000, 960000), strict=True):
@@ -211,7 +211,7 @@ def test_the_command_line_transcribes_a_wav_file_window_by_window(
     _write_wav(path, audio)
     generator = _greedy(whisper)
     folder = str(whisper.folder("whisper"))
-    expected = transcribe(generator.generate, generator.models["target"], path, language="en", max_new_tokens=8)
+    expected = transcribe(generator, path, language="en", max_new_tokens=8)
     code = main(["generate", "-m", folder, "--audio", str(path), "--language", "en", "-n", "8", "--stats", "none"])
     assert code == 0
     assert capsys.readouterr().out == expected.text + "\n"
