@@ -522,6 +522,10 @@ OPT_IN: dict[str, Run] = {
         ".venv/bin/python tools/bench_host_step.py chain pycode "
         '"repetition_penalty=1.1,presence_penalty=0.1,frequency_penalty=0.1,no_repeat_ngram=6,min_new_tokens=2,top_k=40,top_p=0.95,temperature=0.8"'
     ): Run(timeout=900),  # the host's cost a step, chain and no chain: 30 s here, beyond CI's budget
+    # every drafting controller's gated-off steps against greedy's (CPU outside the Run, Python calls): minutes
+    ".venv/bin/python tools/bench_host_step.py gated-off pycode --prompts examples/code_prompts.jsonl --rounds 4": Run(
+        timeout=1800
+    ),
     "decoctl bench --batch 1,4,16 --threads 1 -n 64 --repeats 2 --json build/bench/batch-pycode.json": bench_recipe(
         ORT_GENAI
     ),
