@@ -62,15 +62,32 @@ def test_an_option_openvino_does_not_know_is_refused_at_load() -> None:
         Generator({"target": "pycode"}, "greedy", threads=1, providers="openvino:bogus=1")
 
 
-def test_openvino_greedy_equals_cpu_on_gemma3_270m_int8_with_full_kv() -> None:
+@pytest.mark.parametrize("name", ["gemma3-270m-int8-fullkv", "gemma3-270m-fullkv"])
+def test_openvino_greedy_equals_cpu_on_gemma3_270m_with_full_kv(name: str) -> None:
     """Gemma 3 imported with full-length KV on its sliding layers (no ring caches) loads on onnxruntime-openvino."""
-    if "gemma3-270m-int8-fullkv" not in set(load_registry()):
-        pytest.skip(
-            "gemma3-270m-int8-fullkv is not imported here: decoctl models import gemma3-270m --int8 --full-kv "
-            "(not in CI)"
-        )
-    models = {"target": "gemma3-270m-int8-fullkv"}
+    if name not in set(load_registry()):
+        flag = "--int8 " if "int8" in name else ""
+        pytest.skip(f"{name} is not imported here: decoctl models import gemma3-270m {flag}--full-kv (not in CI)")
+    models = {"target": name}
     assert _tokens(models, "greedy", "openvino") == _tokens(models, "greedy", "cpu")
+
+
+@pytest.mark.parametrize("controller", ["greedy", "speculative"])
+def test_openvino_commits_what_cpu_commits_on_gemma3_270m_fp32_over_the_real_model_prompts(controller: str) -> None:
+    """fp32 (full-length KV): 64 new tokens of each of the first four real-model prompts, greedy and prompt lookup."""
+    if "gemma3-270m-fullkv" not in set(load_registry()):
+        pytest.skip("gemma3-270m-fullkv is not imported here: decoctl models import gemma3-270m --full-kv (not in CI)")
+    lines = (Path(__file__).parents[2] / "examples" / "real_model_prompts.jsonl").read_text().splitlines()[:4]
+    options = {"drafter": "prompt-lookup"} if controller == "speculative" else {}
+    committed = {}
+    for provider in ("cpu", "openvino"):
+        generator = Generator(
+            {"target": "gemma3-270m-fullkv"}, controller, options=options, threads=1, providers=provider
+        )
+        committed[provider] = [
+            generator.generate(json.loads(line)["prompt"], max_new_tokens=64).tokens for line in lines
+        ]
+    assert committed["openvino"] == committed["cpu"]
 
 
 def test_openvino_logits_on_gemma3_270m_int8_differ_from_cpu_by_less_than_the_choices_they_keep() -> None:
