@@ -67,6 +67,8 @@ REPLICA_ARGS: dict[str, tuple[type, Any]] = {
     "max_images": (int, MAX_IMAGES),
     "max_image_pixels": (int, MAX_PIXELS),
     "tool_parser": (str, None),
+    #: the execution provider of every role, as one --provider value ("openvino:num_of_threads=1", "draft=cpu")
+    "provider": (str, None),
 }
 #: build_app's arguments about the deployment rather than a replica
 DEPLOYMENT_ARGS: dict[str, tuple[type, Any]] = {
@@ -93,6 +95,7 @@ class Replica:
             role=roles,
             threads=config["threads"],
             no_huge_pages=not config.get("huge_pages"),
+            provider=[config["provider"]] if config.get("provider") else [],
         )
         models = load_roles(flags, registry)
         self.engine = Engine(
@@ -269,6 +272,16 @@ def _free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def _one_provider(given: list[str]) -> str | None:
+    """The one ``--provider`` value every replica takes (None: the CPU provider); ConfigError for more than one."""
+    if len(given) > 1:
+        raise ConfigError(
+            f"--ray-replicas takes one --provider (got {len(given)}: {', '.join(given)}): give the replicas' "
+            "provider once"
+        )
+    return given[0] if given else None
+
+
 def run_replicas(args: argparse.Namespace, registry: PluginRegistry) -> int:
     """``decoctl serve --ray-replicas N``: the application on a local Ray cluster (or the one at
     ``--ray-address``), Serve's HTTP proxy on --host/--port, until SIGINT or SIGTERM; then the local cluster is shut
@@ -303,6 +316,7 @@ def run_replicas(args: argparse.Namespace, registry: PluginRegistry) -> int:
             api_key=args.api_key,
             huge_pages=not args.no_huge_pages,
             deterministic=args.deterministic,
+            provider=_one_provider(args.provider),
             max_images=args.max_images,
             max_image_pixels=args.max_image_pixels,
             tool_parser=args.tool_parser,

@@ -34,7 +34,7 @@ def test_drafting_controllers_on_the_demo_model_answer_with_greedys_text() -> No
     from decoctl.serve._engine import Engine
 
     registry = PluginRegistry()  # the installed plugins, the demo bundle among them
-    arguments = argparse.Namespace(model="pycode", draft=None, role=[], threads=1, no_huge_pages=True)
+    arguments = argparse.Namespace(model="pycode", draft=None, role=[], threads=1, no_huge_pages=True, provider=[])
     models = load_roles(arguments, registry)
     assert sorted(models) == ["draft", "eagle", "target"]
     engine = Engine(models, registry=registry, max_rows=4)
