@@ -20,9 +20,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -31,6 +31,8 @@ from decoctl.errors import ConfigError
 from decoctl.generation import read_prompts
 
 __all__ = ["WORKLOADS", "Level", "Timing", "add_bench_serve_parser", "measure", "run_bench_serve", "stream_completion"]
+
+T = TypeVar("T")
 
 
 #: what ``--workload`` takes (decoctl.serve._bench_workloads)
@@ -129,19 +131,13 @@ def _percentiles(values: Sequence[float]) -> tuple[float, float]:
     return round(float(p50), 6), round(float(p99), 6)
 
 
-def measure(
-    url: str,
-    bodies: Sequence[Mapping[str, Any]],
-    concurrency: int,
-    *,
-    api_key: str | None = None,
-    server: str = "",
-    controller: str = "greedy",
-) -> Level:
-    """Send ``bodies`` from ``concurrency`` clients, each taking the next body when its request ends."""
-    pending = iter(range(len(bodies)))
+def run_clients(concurrency: int, count: int, work: Callable[[int], T]) -> tuple[list[T], float]:
+    """``work(0)`` .. ``work(count - 1)`` from ``concurrency`` client threads, each taking the next index when its
+    work ends: the results in the order they ended, and the wall seconds. The first failure is raised once every
+    client has stopped (the others take no more work)."""
+    pending = iter(range(count))
     lock = threading.Lock()
-    timings: list[Timing] = []
+    results: list[T] = []
     failures: list[BaseException] = []
 
     def client() -> None:
@@ -151,12 +147,12 @@ def measure(
             if index is None or failures:
                 return
             try:
-                timing = stream_completion(url, bodies[index], api_key)
+                result = work(index)
             except BaseException as exc:  # reported once every client has stopped
                 failures.append(exc)
                 return
             with lock:
-                timings.append(timing)
+                results.append(result)
 
     started = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
@@ -167,6 +163,22 @@ def measure(
     seconds = time.perf_counter() - started
     if failures:
         raise failures[0]
+    return results, seconds
+
+
+def measure(
+    url: str,
+    bodies: Sequence[Mapping[str, Any]],
+    concurrency: int,
+    *,
+    api_key: str | None = None,
+    server: str = "",
+    controller: str = "greedy",
+) -> Level:
+    """Send ``bodies`` from ``concurrency`` clients, each taking the next body when its request ends."""
+    timings, seconds = run_clients(
+        concurrency, len(bodies), lambda index: stream_completion(url, bodies[index], api_key)
+    )
     return Level(
         server=server or url,
         controller=controller,

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from decoctl.errors import ConfigError
-from decoctl.serve._bench import Level, Timing, _events, _percentiles
+from decoctl.serve._bench import Level, Timing, _events, _percentiles, run_clients
 
 __all__ = ["SYSTEM_CHARS", "TURNS", "chat_questions", "measure_conversations", "shared_system_prompts"]
 
@@ -112,10 +111,6 @@ def measure_conversations(
 ) -> Level:
     """Hold ``conversations`` (each a list of questions) from ``concurrency`` clients, each taking the next
     conversation when its last ends; every turn is greedy (temperature 0) with ``extra`` in its body."""
-    pending = iter(range(len(conversations)))
-    lock = threading.Lock()
-    timings: list[list[Timing]] = []
-    failures: list[BaseException] = []
 
     def converse(questions: Sequence[str]) -> list[Timing]:
         messages: list[dict[str, str]] = []
@@ -128,29 +123,7 @@ def measure_conversations(
             turns.append(timing)
         return turns
 
-    def client() -> None:
-        while True:
-            with lock:
-                index = next(pending, None)
-            if index is None or failures:
-                return
-            try:
-                turns = converse(conversations[index])
-            except BaseException as exc:  # reported once every client has stopped
-                failures.append(exc)
-                return
-            with lock:
-                timings.append(turns)
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - started
-    if failures:
-        raise failures[0]
+    timings, seconds = run_clients(concurrency, len(conversations), lambda index: converse(conversations[index]))
     every = [t for turns in timings for t in turns]
     by_turn = tuple(
         _percentiles([turns[t].first_token for turns in timings if len(turns) > t])[0]
