@@ -227,15 +227,18 @@ def export_embedding(model: Any, image_token: int, path: Path) -> None:
     )
 
 
-def _write_configs(out: Path, image_token: int, vision: Any) -> None:
+def write_vision_sections(out: Path, model_type: str, image_token: int, vision: dict[str, Any] | None = None) -> None:
+    """Name the family, the image token, ``vision.onnx`` and ``embedding.onnx`` in the builder's genai_config.json
+    in ``out``; ``vision``: the vision section's settings and inputs beyond pixel_values -> image_features."""
     config_path = out / "genai_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    config["model"]["type"] = "llava"
+    config["model"]["type"] = model_type
     config["model"]["image_token_id"] = image_token
     config["model"]["vision"] = {
         "filename": "vision.onnx",
         "inputs": {"pixel_values": "pixel_values"},
         "outputs": {"image_features": "image_features"},
+        **(vision or {}),
     }
     config["model"]["embedding"] = {
         "filename": "embedding.onnx",
@@ -243,6 +246,10 @@ def _write_configs(out: Path, image_token: int, vision: Any) -> None:
         "outputs": {"inputs_embeds": "inputs_embeds"},
     }
     config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+
+def _write_configs(out: Path, image_token: int, vision: Any) -> None:
+    write_vision_sections(out, "llava", image_token)
     processor = {
         "image_processor_type": "CLIPImageProcessor",
         "do_resize": True,

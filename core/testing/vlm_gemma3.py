@@ -25,7 +25,7 @@ import attrs
 
 from decoctl.model.graph import enable_tree
 from decoctl.testing import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, build_tokenizer
-from decoctl.testing.vlm import export_embedding, missing, run_builder
+from decoctl.testing.vlm import export_embedding, missing, run_builder, write_vision_sections
 
 __all__ = ["BOI", "EOI", "IMAGE_MARK", "IMAGE_TOKENS", "SOFT", "Gemma3", "build_gemma3", "main", "missing"]
 
@@ -231,21 +231,7 @@ def _export_vision(model: Any, path: Path) -> None:
 
 
 def _write_configs(out: Path, hf: Path, image_token: int) -> None:
-    config_path = out / "genai_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    config["model"]["type"] = "gemma3"
-    config["model"]["image_token_id"] = image_token
-    config["model"]["vision"] = {
-        "filename": "vision.onnx",
-        "inputs": {"pixel_values": "pixel_values"},
-        "outputs": {"image_features": "image_features"},
-    }
-    config["model"]["embedding"] = {
-        "filename": "embedding.onnx",
-        "inputs": {"input_ids": "input_ids", "image_features": "image_features"},
-        "outputs": {"inputs_embeds": "inputs_embeds"},
-    }
-    config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    write_vision_sections(out, "gemma3", image_token)
     for name in ("preprocessor_config.json", "processor_config.json", "tokenizer_config.json"):
         (out / name).write_bytes((hf / name).read_bytes())
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from decoctl.model._qwen_vl import VISION_INPUTS
 from decoctl.testing import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, build_tokenizer
-from decoctl.testing.vlm import export_embedding, missing, run_builder
+from decoctl.testing.vlm import export_embedding, missing, run_builder, write_vision_sections
 
 __all__ = ["IMAGE_MARK", "IMAGE_PAD", "MAX_PIXELS", "MIN_PIXELS", "QwenVL", "build_qwen_vl", "main", "missing"]
 
@@ -228,24 +228,8 @@ def _export_vision(model: Any, path: Path) -> None:
 
 
 def _write_configs(out: Path, image_token: int) -> None:
-    config_path = out / "genai_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    config["model"]["type"] = "qwen2_5_vl"
-    config["model"]["image_token_id"] = image_token
-    config["model"]["vision"] = {
-        "filename": "vision.onnx",
-        "patch_size": PATCH,
-        "spatial_merge_size": MERGE,
-        "window_size": WINDOW,
-        "inputs": VISION_NAMES,
-        "outputs": {"image_features": "image_features"},
-    }
-    config["model"]["embedding"] = {
-        "filename": "embedding.onnx",
-        "inputs": {"input_ids": "input_ids", "image_features": "image_features"},
-        "outputs": {"inputs_embeds": "inputs_embeds"},
-    }
-    config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    vision = {"patch_size": PATCH, "spatial_merge_size": MERGE, "window_size": WINDOW, "inputs": VISION_NAMES}
+    write_vision_sections(out, "qwen2_5_vl", image_token, vision)
     processor = {
         "image_processor_type": "Qwen2VLImageProcessor",
         "do_resize": True,
