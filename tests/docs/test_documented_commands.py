@@ -350,8 +350,7 @@ OPT_IN: dict[str, Run] = {
     ".venv/bin/python tools/batch_invariance_probe.py": Run(timeout=900),
     # BENCHMARKS, "Soak": twenty minutes of mixed load on Gemma 3 270M int8
     (
-        ".venv/bin/python tools/soak.py --model gemma3-270m-int8 --minutes 20 --clients 8 --threads 1 "
-        "--out build/soak"
+        ".venv/bin/python tools/soak.py --model gemma3-270m-int8 --minutes 20 --clients 8 --threads 1 --out build/soak"
     ): gemma(3600, after=(IMPORT_INT8,), needs=(LONG,)),
     "tools/bench_deterministic.sh": Run(
         timeout=3600, needs=(Need.cpus(2, why="the servers and the load on a core each"),)
