@@ -106,6 +106,8 @@ class LogitsProcessor(Protocol):
     chain does not call them (a commit happens every step, and every call counts there).
 
     ``terminal`` (default: false): the processor picks the token (greedy, sample) and must come last in its chain.
+    ``exclusive`` (default: false): the processor constrains which tokens may come (a grammar); a chain takes one,
+    since two would leave a row no token wherever they disagree.
 
     ``sample_only`` (default: false): the processor only shapes a distribution to draw from (transformers' warpers:
     temperature, top_k, top_p, ...): a controller that ranks continuations instead of drawing them (beam search,
@@ -229,6 +231,13 @@ class ProcessorChain:
         self.names = tuple(names) if names is not None else tuple(processor_name(p) for p in self.processors)
         if len(self.names) != len(self.processors):
             raise ConfigError(f"{len(self.names)} names for {len(self.processors)} logits processors: give one each")
+        pairs = zip(self.names, self.processors, strict=True)
+        exclusive = [name for name, processor in pairs if getattr(processor, "exclusive", False)]
+        if len(exclusive) > 1:
+            raise ConfigError(
+                f"logits processors {', '.join(repr(n) for n in exclusive)} each constrain which tokens may come, and "
+                "a chain takes one (two leave a row no token wherever they disagree): combine them into one grammar"
+            )
         for at, processor in enumerate(self.processors[:-1]):
             if getattr(processor, "terminal", False):
                 following = ", ".join(repr(n) for n in self.names[at + 1 :])
@@ -321,9 +330,7 @@ class ProcessorChain:
     def __call__(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray:
         if not self._steps:
             return rows
-        out = self._run(self._steps, rows.astype(np.float32), context)  # a private copy: steps write in place
-        self._check_possible(out, context)
-        return out
+        return self._run(self._steps, rows.astype(np.float32), context)  # a private copy: steps write in place
 
     def _run(self, steps: Sequence[Any], out: np.ndarray, context: ProcessContext) -> np.ndarray:
         """``out`` through ``steps`` in turn, each result checked: PluginError naming the step that raised or that
@@ -370,32 +377,8 @@ class ProcessorChain:
         out = self._run(self._head, rows.astype(np.float32), context)
         choices = out.argmax(axis=1)
         if not self._tail or all(self._keeps(out[i], int(choices[i])) for i in range(len(choices))):
-            self._check_possible(out, context)
             return choices
-        out = self._run(self._tail, out, context)
-        self._check_possible(out, context)
-        return out.argmax(axis=1)
-
-    def _check_possible(self, out: np.ndarray, context: ProcessContext) -> None:
-        """ConfigError where the chain left a row no token to pick (every logit -inf, or NaN): its processors
-        exclude each other (a top_k before a grammar, two grammars), and a pick from that row would be arbitrary.
-        A drafted row whose path the chain already forbids (a grammar masks a row after a drafted token it rejects)
-        is no such row: no verifier reaches it, since the row before gave that drafted token no probability."""
-        top = out.max(axis=1) if out.size else out
-        if not out.size or bool(np.all(top > -np.inf)):  # -inf or NaN
-            return
-        at = {tuple(int(t) for t in path): index for index, path in enumerate(context.paths)}
-        for row in map(int, np.flatnonzero(~(top > -np.inf))):
-            path = tuple(int(t) for t in context.paths[row]) if row < len(context.paths) else ()
-            parents = (at.get(path[:k]) for k in range(len(path)))
-            if any(p is not None and not out[p, path[k]] > -np.inf for k, p in enumerate(parents)):
-                continue
-            what = "no token it allows" if top[row] == -np.inf else "NaN logits"
-            raise ConfigError(
-                f"the logits processors {', '.join(repr(n) for n in self.names)} left row {row} {what}: they exclude "
-                "each other (two grammars, or a truncation such as top_k ahead of a grammar); keep one constraint, "
-                "or put the grammar first"
-            )
+        return self._run(self._tail, out, context).argmax(axis=1)
 
     def _argmax_unprocessed(self, rows: np.ndarray, context: ProcessContext) -> np.ndarray | None:
         """Every row's argmax read from the unprocessed rows, or None as soon as one row needs the steps run.

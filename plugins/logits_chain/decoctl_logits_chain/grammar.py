@@ -66,6 +66,9 @@ class Grammar(Processor):
     Needs the model's tokenizer, which the host passes in ``context.tokenizer``.
     """
 
+    #: one grammar a chain (decoctl.processing.ProcessorChain refuses two)
+    exclusive = True
+
     def __init__(self, kind: str, source: str) -> None:
         self.kind = kind
         self.grammar = compile_grammar(kind, source)
