@@ -65,6 +65,7 @@ def generate_dataset(
     threads: int = 1,
     prefill_chunk: int | None = None,
     huge_pages: bool = False,
+    providers: Any = None,
     batch_size: int = 8,
     actors: int = 1,
     prompts_per_call: int | None = None,
@@ -84,7 +85,7 @@ def generate_dataset(
 
     The dataset is lazy, as Ray Data's are: the prompts run when it is consumed (``iter_rows``, ``write_json``, ...),
     on ``actors`` Ray actors of ``threads`` intra-op threads (Ray reserves as many CPUs for each). Each actor holds a
-    Generator over ``models`` with ``controller``, ``options``, ``processors`` and ``prefill_chunk`` (as
+    Generator over ``models`` with ``controller``, ``options``, ``processors``, ``prefill_chunk`` and ``providers`` (as
     decoctl.Generator takes them; every actor loads the models itself, so give names or paths every node can read),
     and runs the ``prompts_per_call`` prompts Ray hands it at a time (default 4 x batch_size) on ``batch_size`` rows.
     ``max_new_tokens``, ``stop`` and ``seed`` are every prompt's unless its row gives its own (stop strings add up).
@@ -115,6 +116,7 @@ def generate_dataset(
         "threads": threads,
         "prefill_chunk": prefill_chunk,
         "huge_pages": huge_pages,
+        "providers": providers,
     }
     registry = check_plan(generator)
     ray = connect(None, "decoctl.ray.generate_dataset")
