@@ -91,14 +91,33 @@ def _events(response: Any) -> Iterator[dict[str, Any]]:
 
 def stream_completion(url: str, body: Mapping[str, Any], api_key: str | None = None) -> Timing:
     """Send one streamed completion to ``url`` (a server's base URL) and time its tokens."""
+    return stream_timed(url, "/v1/completions", body, api_key, _completion_text)[0]
+
+
+def _completion_text(chunk: Mapping[str, Any]) -> str | None:
+    choices = chunk.get("choices") or []
+    if not choices or choices[0].get("finish_reason"):
+        return None
+    return choices[0].get("text")
+
+
+def stream_timed(
+    url: str,
+    path: str,
+    body: Mapping[str, Any],
+    api_key: str | None,
+    piece_of: Callable[[Mapping[str, Any]], str | None],
+) -> tuple[Timing, str]:
+    """Send one streamed request to ``url`` + ``path`` and time the events that carry text (``piece_of`` reads an
+    event's text, None or empty where it has none): the timing, and the text the events carried."""
     request = urllib.request.Request(
-        url.rstrip("/") + "/v1/completions",
+        url.rstrip("/") + path,
         data=json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode(),
         headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})},
         method="POST",
     )
     started = time.perf_counter()
-    first, last, gaps, counted, usage = None, 0.0, [], 0, None
+    first, last, gaps, counted, usage, text = None, 0.0, [], 0, None, []
     try:
         with urllib.request.urlopen(request) as response:
             for chunk in _events(response):
@@ -106,9 +125,10 @@ def stream_completion(url: str, body: Mapping[str, Any], api_key: str | None = N
                     raise ConfigError(f"{url} refused a request: {chunk['error'].get('message')}")
                 if chunk.get("usage"):
                     usage = int(chunk["usage"]["completion_tokens"])
-                choices = chunk.get("choices") or []
-                if not choices or choices[0].get("finish_reason") or not choices[0].get("text"):
+                piece = piece_of(chunk)
+                if not piece:
                     continue
+                text.append(piece)
                 now = time.perf_counter()
                 count = int((chunk.get("decoctl") or {}).get("tokens", 1))
                 if first is None:
@@ -121,7 +141,8 @@ def stream_completion(url: str, body: Mapping[str, Any], api_key: str | None = N
         raise ConfigError(f"{url} answered {exc.code}: {detail[:300]}") from None
     except urllib.error.URLError as exc:
         raise ConfigError(f"cannot reach {url} ({exc.reason}): start the server first (decoctl serve)") from None
-    return Timing(first_token=first or 0.0, gaps=tuple(gaps), tokens=usage if usage is not None else counted)
+    timing = Timing(first_token=first or 0.0, gaps=tuple(gaps), tokens=usage if usage is not None else counted)
+    return timing, "".join(text)
 
 
 def _percentiles(values: Sequence[float]) -> tuple[float, float]:

@@ -12,15 +12,11 @@
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from decoctl.errors import ConfigError
-from decoctl.serve._bench import Level, Timing, _events, _percentiles, run_clients
+from decoctl.serve._bench import Level, Timing, _percentiles, run_clients, stream_timed
 
 __all__ = ["SYSTEM_CHARS", "TURNS", "chat_questions", "measure_conversations", "shared_system_prompts"]
 
@@ -61,40 +57,12 @@ def chat_questions(prompts: Sequence[str], count: int) -> list[list[str]]:
 
 def stream_chat(url: str, body: Mapping[str, Any], api_key: str | None = None) -> tuple[Timing, str]:
     """Send one streamed chat completion to ``url`` and time its tokens; return the timing and the answer's text."""
-    request = urllib.request.Request(
-        url.rstrip("/") + "/v1/chat/completions",
-        data=json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode(),
-        headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})},
-        method="POST",
-    )
-    started = time.perf_counter()
-    first, last, gaps, counted, usage, text = None, 0.0, [], 0, None, []
-    try:
-        with urllib.request.urlopen(request) as response:
-            for chunk in _events(response):
-                if "error" in chunk:
-                    raise ConfigError(f"{url} refused a request: {chunk['error'].get('message')}")
-                if chunk.get("usage"):
-                    usage = int(chunk["usage"]["completion_tokens"])
-                choices = chunk.get("choices") or []
-                piece = (choices[0].get("delta") or {}).get("content") if choices else None
-                if not piece:
-                    continue
-                text.append(piece)
-                now = time.perf_counter()
-                count = int((chunk.get("decoctl") or {}).get("tokens", 1))
-                if first is None:
-                    first = now - started
-                else:
-                    gaps.extend([(now - last) / count] * count)
-                last, counted = now, counted + count
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode("utf-8", "replace")
-        raise ConfigError(f"{url} answered {exc.code}: {detail[:300]}") from None
-    except urllib.error.URLError as exc:
-        raise ConfigError(f"cannot reach {url} ({exc.reason}): start the server first (decoctl serve)") from None
-    timing = Timing(first_token=first or 0.0, gaps=tuple(gaps), tokens=usage if usage is not None else counted)
-    return timing, "".join(text)
+    return stream_timed(url, "/v1/chat/completions", body, api_key, _delta_content)
+
+
+def _delta_content(chunk: Mapping[str, Any]) -> str | None:
+    choices = chunk.get("choices") or []
+    return (choices[0].get("delta") or {}).get("content") if choices else None
 
 
 def measure_conversations(
