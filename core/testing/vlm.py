@@ -174,10 +174,17 @@ def _export_vision(model: Any, path: Path) -> None:
             features = self.llava.model.multi_modal_projector(patches)
             return features.reshape(-1, features.shape[-1])
 
-    pixels = torch.zeros(1, 3, IMAGE_SIZE, IMAGE_SIZE)
+    export_vision_graph(Vision(), IMAGE_SIZE, path)
+
+
+def export_vision_graph(vision: Any, image_size: int, path: Path) -> None:
+    """Export ``vision`` (a torch module: pixel_values [images, 3, size, size] -> image_features [rows, hidden]) as
+    the vision graph, its images and feature rows dynamic."""
+    import torch
+
     torch.onnx.export(
-        Vision().eval(),
-        (pixels,),
+        vision.eval(),
+        (torch.zeros(1, 3, image_size, image_size),),
         str(path),
         input_names=["pixel_values"],
         output_names=["image_features"],

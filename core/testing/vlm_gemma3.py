@@ -25,7 +25,7 @@ import attrs
 
 from decoctl.model.graph import enable_tree
 from decoctl.testing import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, build_tokenizer
-from decoctl.testing.vlm import export_embedding, missing, run_builder, write_vision_sections
+from decoctl.testing.vlm import export_embedding, export_vision_graph, missing, run_builder, write_vision_sections
 
 __all__ = ["BOI", "EOI", "IMAGE_MARK", "IMAGE_TOKENS", "SOFT", "Gemma3", "build_gemma3", "main", "missing"]
 
@@ -217,17 +217,7 @@ def _export_vision(model: Any, path: Path) -> None:
             features = self.gemma.model.multi_modal_projector(patches)
             return features.reshape(-1, features.shape[-1])
 
-    pixels = torch.zeros(1, 3, IMAGE_SIZE, IMAGE_SIZE)
-    torch.onnx.export(
-        Vision().eval(),
-        (pixels,),
-        str(path),
-        input_names=["pixel_values"],
-        output_names=["image_features"],
-        dynamic_axes={"pixel_values": {0: "num_images"}, "image_features": {0: "num_image_tokens"}},
-        opset_version=17,
-        dynamo=False,
-    )
+    export_vision_graph(Vision(), IMAGE_SIZE, path)
 
 
 def _write_configs(out: Path, hf: Path, image_token: int) -> None:
