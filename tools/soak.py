@@ -119,12 +119,17 @@ class Load:
                 connection.close()
 
 
-def _resident_mib(pid: int) -> float:
+def _resident_mib(pid: int) -> dict[str, float]:
+    """The server's resident memory in MiB: all of it, its anonymous part, and its file-backed part (the weights'
+    mapped pages; ``decoctl serve --lazy-weights`` leaves them to fault in as tokens first touch them)."""
+    keys = {"VmRSS:": "rss_mib", "RssAnon:": "anon_mib", "RssFile:": "file_mib"}
+    found = dict.fromkeys(keys.values(), float("nan"))
     with open(f"/proc/{pid}/status", encoding="ascii") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+            head = line.split()
+            if head and head[0] in keys:
+                found[keys[head[0]]] = int(head[1]) / 1024
+    return found
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -152,7 +157,7 @@ def _wait_ready(url: str, server: subprocess.Popen[bytes], seconds: float = 600)
 def _svg(rows: list[dict[str, float]], path: Path) -> None:
     """Four small line charts (resident MiB; rows and queue; metric series; 4xx and 5xx answers) over minutes."""
     panels = [
-        ("resident memory (MiB)", ["rss_mib"]),
+        ("resident memory (MiB): all, anonymous", ["rss_mib", "anon_mib"]),
         ("live rows, queue", ["rows", "queued"]),
         ("metric series", ["series"]),
         ("answers: 4xx, 5xx (cumulative)", ["status_4xx", "status_5xx"]),
@@ -197,6 +202,9 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("build/soak"))
+    parser.add_argument(
+        "--serve-arg", action="append", default=[], metavar="ARG", help="one more argument for decoctl serve"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     log_path = args.out / "server.log"
@@ -210,7 +218,7 @@ def main() -> int:
         "--port",
         str(args.port),
     ]
-    command += ["--threads", str(args.threads), "--max-rows", str(args.max_rows)]
+    command += ["--threads", str(args.threads), "--max-rows", str(args.max_rows), *args.serve_arg]
     url, host = f"http://127.0.0.1:{args.port}", f"127.0.0.1:{args.port}"
     with open(log_path, "wb") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -234,7 +242,7 @@ def main() -> int:
                 rows.append(
                     {
                         "seconds": time.monotonic() - started,
-                        "rss_mib": _resident_mib(server.pid),
+                        **_resident_mib(server.pid),
                         "rows": health.get("rows", 0),
                         "queued": health.get("queued", 0),
                         "series": len(series),
@@ -270,6 +278,10 @@ def main() -> int:
         "rss_after_warm_up_mib": round(warm, 1),
         "rss_at_end_mib": round(final, 1),
         "rss_change": round(final / warm - 1, 4),
+        "anonymous_after_warm_up_mib": round(rows[len(rows) // 4]["anon_mib"], 1),
+        "anonymous_at_end_mib": round(rows[-1]["anon_mib"], 1),
+        "file_backed_after_warm_up_mib": round(rows[len(rows) // 4]["file_mib"], 1),
+        "file_backed_at_end_mib": round(rows[-1]["file_mib"], 1),
         "metric_series": rows[-1]["series"],
         "metric_series_bound": bound,
         "server_exit": server.returncode,

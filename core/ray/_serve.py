@@ -63,6 +63,8 @@ REPLICA_ARGS: dict[str, tuple[type, Any]] = {
     "name": (str, None),
     "api_key": (str, None),
     "huge_pages": (bool, False),
+    #: every weight page resident at start (decoctl.model._resident); False: as the load first touches them
+    "resident_weights": (bool, True),
     "deterministic": (bool, False),
     "max_images": (int, MAX_IMAGES),
     "max_image_pixels": (int, MAX_PIXELS),
@@ -95,6 +97,7 @@ class Replica:
             role=roles,
             threads=config["threads"],
             no_huge_pages=not config.get("huge_pages"),
+            lazy_weights=not config.get("resident_weights", True),
             provider=[config["provider"]] if config.get("provider") else [],
         )
         models = load_roles(flags, registry)
@@ -315,6 +318,7 @@ def run_replicas(args: argparse.Namespace, registry: PluginRegistry) -> int:
             name=args.name,
             api_key=args.api_key,
             huge_pages=not args.no_huge_pages,
+            resident_weights=not args.lazy_weights,
             deterministic=args.deterministic,
             provider=_one_provider(args.provider),
             max_images=args.max_images,

@@ -68,6 +68,12 @@ def add_serve_parsers(commands: Any) -> None:
 
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (needs pip install 'decoctl[serve]')")
     _add_model_arguments(serve)
+    serve.add_argument(
+        "--lazy-weights",
+        action="store_true",
+        help="leave the weights file's pages to be read as the load first touches them (default: all resident at "
+        "start, so memory is flat and no token's first use waits on a page fault)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     serve.add_argument("--max-rows", type=int, default=8, help="completions running at once (rows of the KV buffer)")
@@ -114,6 +120,18 @@ def add_serve_parsers(commands: Any) -> None:
         "--tool-parser",
         choices=tuple(TOOL_FORMATS),
         help="the format the model writes tool calls in (default: the one its chat template shows)",
+    )
+    serve.add_argument(
+        "--max-audio-mb",
+        type=float,
+        default=25.0,
+        help="a speech model's uploads: the largest audio file taken, in MiB (default 25); more are a 413",
+    )
+    serve.add_argument(
+        "--max-audio-seconds",
+        type=float,
+        default=600.0,
+        help="a speech model's uploads: the longest audio taken, in seconds (default 600); more are a 400",
     )
     serve.add_argument(
         "--drain-seconds",
@@ -169,6 +187,11 @@ def load_roles(args: argparse.Namespace, registry: PluginRegistry) -> dict[str, 
         models[role] = load_model(
             role_path, name=role_name, threads=args.threads, huge_pages=huge, provider=providers[role]
         )
+    if not getattr(args, "lazy_weights", True):
+        from decoctl.model._resident import populate
+
+        for model in models.values():
+            populate(model.spec.path)
     return models
 
 
@@ -192,19 +215,26 @@ def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
         raise ConfigError(
             f"decoctl serve needs the serve extra ({exc.name} is missing): pip install 'decoctl[serve]'"
         ) from None
+    from decoctl.serve._transcriber import Transcriber, is_speech_model, transcriber_from_args
+
     models = load_roles(args, registry)
     target = models["target"]
-    template = _chat_template(args, target.spec.path, required=False)
-    engine = Engine(
-        models,
-        registry=registry,
-        max_rows=args.max_rows,
-        max_queue=args.max_queue,
-        max_length=args.max_length,
-        prefill_chunk=args.prefill_chunk,
-        join_rule=JoinRule(prefill_share=args.prefill_share),
-        deterministic=args.deterministic,
-        prefix_cache_mb=args.prefix_cache_mb,
+    speech = is_speech_model(target)  # served by a transcription worker: the engine steps decoder-only rows
+    template = None if speech else _chat_template(args, target.spec.path, required=False)
+    engine: Engine | Transcriber = (
+        transcriber_from_args(args, models, registry)
+        if speech
+        else Engine(
+            models,
+            registry=registry,
+            max_rows=args.max_rows,
+            max_queue=args.max_queue,
+            max_length=args.max_length,
+            prefill_chunk=args.prefill_chunk,
+            join_rule=JoinRule(prefill_share=args.prefill_share),
+            deterministic=args.deterministic,
+            prefix_cache_mb=args.prefix_cache_mb,
+        )
     )
     api_key = args.api_key or os.environ.get("DECOCTL_API_KEY") or None
     name = args.name or target.name
@@ -216,6 +246,8 @@ def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
         max_images=args.max_images,
         max_image_pixels=args.max_image_pixels,
         tool_parser=args.tool_parser,
+        max_audio_bytes=int(args.max_audio_mb * (1 << 20)),
+        max_audio_seconds=args.max_audio_seconds,
     )
     # the socket is bound here, so the address printed is the one bound (--port 0 picks a free port)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
@@ -229,9 +261,11 @@ def run_serve(args: argparse.Namespace, registry: PluginRegistry) -> int:
         raise ConfigError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}): pick another --port") from None
     port = sock.getsockname()[1]
     chat = "with" if template is not None else "without"
+    serving = f"{engine.max_rows} rows of {engine.max_length} positions; {chat} a chat template"
+    if speech:
+        serving = "speech: POST /v1/audio/transcriptions, one at a time"
     print(
-        f"decoctl: serving {name} ({', '.join(sorted(models))}; {engine.max_rows} rows of {engine.max_length} "
-        f"positions; {chat} a chat template) on http://{args.host}:{port}",
+        f"decoctl: serving {name} ({', '.join(sorted(models))}; {serving}) on http://{args.host}:{port}",
         file=sys.stderr,
         flush=True,
     )
