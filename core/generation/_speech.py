@@ -32,6 +32,7 @@ from decoctl.model._loader import LoadedModel
 from decoctl.model._spec import GENERATION_CONFIG
 
 __all__ = [
+    "Segment",
     "SpeechRequest",
     "SuppressRules",
     "Transcription",
@@ -180,11 +181,28 @@ def audio_windows(model: LoadedModel, audio: Any) -> list[np.ndarray]:
 
 
 @attrs.frozen(kw_only=True)
+class Segment:
+    """A stretch of speech between two timestamp tokens: ``start`` and ``end`` in seconds from the audio's start,
+    ``text`` and ``tokens`` (the text's token ids, without the timestamps), ``seek`` the start of its window in
+    seconds."""
+
+    start: float
+    end: float
+    text: str
+    tokens: tuple[int, ...]
+    seek: float
+
+
+@attrs.frozen(kw_only=True)
 class Transcription:
-    """Long audio's text: ``text`` the windows' texts joined, ``windows`` each window's GenerationResult."""
+    """Long audio's text: ``text`` the windows' texts joined, ``windows`` each window's GenerationResult,
+    ``language`` the language transcribed (as given, or detected: "en"; None for an English-only model),
+    ``segments`` the timestamped stretches (with ``timestamps=True``; empty otherwise)."""
 
     text: str
     windows: tuple[Any, ...]
+    language: str | None = None
+    segments: tuple[Segment, ...] = ()
 
 
 def transcribe(
@@ -194,11 +212,16 @@ def transcribe(
     language: str | None = None,
     task: str | None = None,
     max_new_tokens: int = 128,
+    seed: int | None = 0,
+    timestamps: bool = False,
 ) -> Transcription:
     """Transcribe ``audio`` (a PCM WAV path or its bytes, or float32 samples) of any length with ``generator`` (a
-    decoctl.Generator over a speech model) in the model's windows (30 s), one generation each, in order."""
+    decoctl.Generator over a speech model) in the model's windows (30 s), one generation each, in order. ``seed``:
+    each window's (a sampling controller's draws)."""
+    if timestamps:
+        raise ConfigError("timestamps are not implemented: leave timestamps out")
     results = tuple(
-        generator.generate("", audio=window, language=language, task=task, max_new_tokens=max_new_tokens)
+        generator.generate("", audio=window, language=language, task=task, max_new_tokens=max_new_tokens, seed=seed)
         for window in audio_windows(generator.models["target"], audio)
     )
-    return Transcription(text="".join(r.text for r in results), windows=results)
+    return Transcription(text="".join(r.text for r in results), windows=results, language=language)

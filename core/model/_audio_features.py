@@ -215,22 +215,23 @@ class AudioFeatures:
         return (log_spec + 4.0) / 4.0
 
 
-def read_wav(path: Path | BinaryIO, *, sampling_rate: int) -> np.ndarray:
+def read_wav(path: Path | BinaryIO, *, sampling_rate: int, name: str | None = None) -> np.ndarray:
     """A PCM WAV file's samples (a path, or an open binary file) as float32[samples] in [-1, 1]; channels averaged
     to mono. ValueError where the file is not PCM WAV or its rate is not ``sampling_rate`` (decoctl does not
-    resample: convert it first)."""
+    resample: convert it first), naming the file as ``name`` (default: the path)."""
+    shown = name if name is not None else path
     try:
         with wave.open(str(path) if isinstance(path, Path) else path, "rb") as reader:
             rate, channels, width = reader.getframerate(), reader.getnchannels(), reader.getsampwidth()
             raw = reader.readframes(reader.getnframes())
     except (wave.Error, EOFError) as err:
         raise ValueError(
-            f"{path} is not a PCM WAV file ({err}): convert it with ffmpeg -i IN -ac 1 -ar 16000 OUT.wav"
+            f"{shown} is not a PCM WAV file ({err}): convert it with ffmpeg -i IN -ac 1 -ar {sampling_rate} OUT.wav"
         ) from err
     if rate != sampling_rate:
         raise ValueError(
-            f"{path} is sampled at {rate} Hz; the model's feature extractor takes {sampling_rate} Hz and decoctl does "
-            f"not resample: convert it with ffmpeg -i {path} -ac 1 -ar {sampling_rate} OUT.wav"
+            f"{shown} is sampled at {rate} Hz; the model's feature extractor takes {sampling_rate} Hz and decoctl does "
+            f"not resample: convert it with ffmpeg -i {shown} -ac 1 -ar {sampling_rate} OUT.wav"
         )
     if width == 1:
         data = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
@@ -239,5 +240,5 @@ def read_wav(path: Path | BinaryIO, *, sampling_rate: int) -> np.ndarray:
     elif width == 4:
         data = np.frombuffer(raw, dtype="<i4").astype(np.float32) / 2147483648.0
     else:
-        raise ValueError(f"{path} has {8 * width}-bit samples; decoctl reads 8-, 16- and 32-bit PCM WAV")
+        raise ValueError(f"{shown} has {8 * width}-bit samples; decoctl reads 8-, 16- and 32-bit PCM WAV")
     return np.asarray(data.reshape(-1, channels).mean(axis=1), dtype=np.float32)

@@ -39,6 +39,8 @@ from decoctl.serve._engine import Engine
 from decoctl.serve._metrics import CONTENT_TYPE_LATEST, Metrics
 from decoctl.serve._protocol import error_body
 from decoctl.serve._streams import SEND_SECONDS
+from decoctl.serve._transcriber import Transcriber
+from decoctl.serve._transcriptions import MAX_AUDIO_BYTES, MAX_AUDIO_SECONDS, Transcriptions, audio_only, no_audio
 
 __all__ = ["create_app"]
 
@@ -51,7 +53,7 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def create_app(
-    engine: Engine,
+    engine: Engine | Transcriber,
     *,
     model_name: str,
     chat_template: ChatTemplate | None = None,
@@ -62,6 +64,8 @@ def create_app(
     body_seconds: float = BODY_SECONDS,
     send_seconds: float = SEND_SECONDS,
     tool_parser: str | None = None,
+    max_audio_bytes: int = MAX_AUDIO_BYTES,
+    max_audio_seconds: float = MAX_AUDIO_SECONDS,
 ) -> Starlette:
     """The server's ASGI app over ``engine`` (started at the app's start-up, drained at its shutdown). A chat request
     carries at most ``max_images`` images of at most ``max_image_pixels`` pixels each (as sent, read from the header
@@ -71,21 +75,39 @@ def create_app(
     ``body_seconds`` (else 408), and each event of a stream must be taken by its client within ``send_seconds``
     (else the completion is cancelled, its row freed, and the connection closed). ``tool_parser``: the format the
     model writes tool calls in (hermes, llama3_json, mistral, granite); None: the one the chat template's text shows
-    (decoctl.serve._tool_calls)."""
+    (decoctl.serve._tool_calls). Over a ``Transcriber`` (a speech model) the app serves /v1/audio/transcriptions
+    (uploads of at most ``max_audio_bytes``, audio of at most ``max_audio_seconds``) and answers the generating
+    endpoints with a 400 naming it; over an engine, the other way round."""
     metrics = Metrics(engine)
-    edge = Edge(model_name=model_name, api_key=api_key, body_seconds=body_seconds)
-    generating = Completions(
-        engine,
-        edge=edge,
-        metrics=metrics,
-        chat_template=chat_template,
-        text_workers=image_workers,
-        image_workers=image_workers,
-        max_images=max_images,
-        max_image_pixels=max_image_pixels,
-        send_seconds=send_seconds,
-        tool_parser=tool_parser,
-    )
+    tables = getattr(getattr(engine, "models", {}).get("target"), "adapters", None)  # LoRA adapters beside the model
+    adapters = tables.names if tables is not None else ()
+    edge = Edge(model_name=model_name, api_key=api_key, body_seconds=body_seconds, adapters=adapters)
+    if isinstance(engine, Transcriber):
+        speech = Transcriptions(
+            engine,
+            edge=edge,
+            metrics=metrics,
+            max_audio_bytes=max_audio_bytes,
+            max_audio_seconds=max_audio_seconds,
+            body_seconds=body_seconds,
+        )
+        completions = chat_completions = _refused(edge, audio_only(model_name))
+        transcriptions = speech.transcriptions
+    else:
+        generating = Completions(
+            engine,
+            edge=edge,
+            metrics=metrics,
+            chat_template=chat_template,
+            text_workers=image_workers,
+            image_workers=image_workers,
+            max_images=max_images,
+            max_image_pixels=max_image_pixels,
+            send_seconds=send_seconds,
+            tool_parser=tool_parser,
+        )
+        completions, chat_completions = generating.completions, generating.chat_completions
+        transcriptions = _refused(edge, no_audio(model_name))
     service = _Service(engine, edge, metrics, chat_template is not None)
 
     def counted(endpoint: Endpoint, name: str) -> Endpoint:
@@ -119,45 +141,56 @@ def create_app(
         Route("/metrics", service.metrics_text, methods=["GET"]),
         Route("/v1/models", counted(service.models, "/v1/models"), methods=["GET"]),
         Route("/v1/models/{name:path}", counted(service.model, "/v1/models/{name}"), methods=["GET"]),
-        Route("/v1/completions", counted(generating.completions, "/v1/completions"), methods=["POST"]),
-        Route("/v1/chat/completions", counted(generating.chat_completions, "/v1/chat/completions"), methods=["POST"]),
+        Route("/v1/completions", counted(completions, "/v1/completions"), methods=["POST"]),
+        Route("/v1/chat/completions", counted(chat_completions, "/v1/chat/completions"), methods=["POST"]),
+        Route("/v1/audio/transcriptions", counted(transcriptions, "/v1/audio/transcriptions"), methods=["POST"]),
     ]
     return Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _not_found, Exception: _not_found}
     )
 
 
+def _refused(edge: Edge, refusal: Refusal) -> Endpoint:
+    """An endpoint this server's model has no use for: ``refusal`` (naming the one to use), once authorised."""
+
+    async def refuse(request: Request) -> Response:
+        edge.authorise(request)
+        raise refusal
+
+    return refuse
+
+
 class _Service:
     """The endpoints about the server: the model it serves, its health, its metrics and its chat page."""
 
-    def __init__(self, engine: Engine, edge: Edge, metrics: Metrics, chat_template: bool) -> None:
+    def __init__(self, engine: Engine | Transcriber, edge: Edge, metrics: Metrics, chat_template: bool) -> None:
         self.engine = engine
         self.edge = edge
         self._metrics = metrics
         self._chat_template = chat_template
         self._created = int(time.time())
 
-    def _entry(self) -> dict[str, Any]:
+    def _entry(self, name: str) -> dict[str, Any]:
         about = {
             "roles": sorted(self.engine.models),
             "controllers": sorted(self.engine.registry.controllers()),
             "chat_template": self._chat_template,
         }
-        name = self.edge.model_name
+        if name != self.edge.model_name:  # a LoRA adapter loaded beside the base model (docs/ADAPTERS.md)
+            about["adapter"] = name[len(self.edge.model_name) + 1 :]
         return {"id": name, "object": "model", "created": self._created, "owned_by": "decoctl", "decoctl": about}
 
     async def models(self, request: Request) -> Response:
         self.edge.authorise(request)
-        return JSONResponse({"object": "list", "data": [self._entry()]})
+        return JSONResponse({"object": "list", "data": [self._entry(name) for name in self.edge.served]})
 
     async def model(self, request: Request) -> Response:
         self.edge.authorise(request)
-        name, served = request.path_params["name"], self.edge.model_name
-        if name != served:
-            raise Refusal(
-                404, f"model {name!r} is not served here: this server serves {served!r}", code="model_not_found"
-            )
-        return JSONResponse(self._entry())
+        name, served = request.path_params["name"], self.edge.served
+        if name not in served:
+            shown = served if len(served) > 1 else repr(served[0])
+            raise Refusal(404, f"model {name!r} is not served here: this server serves {shown}", code="model_not_found")
+        return JSONResponse(self._entry(name))
 
     async def health(self, request: Request) -> Response:
         """200 while the engine runs and takes requests; 503 once it failed (``error`` says why), while it drains

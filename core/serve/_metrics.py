@@ -9,6 +9,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from decoctl.generation._prefix_cache import PrefixCache
 from decoctl.serve._engine import Engine
+from decoctl.serve._transcriber import Transcriber
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
@@ -17,7 +18,7 @@ class Metrics:
     """Requests by endpoint and status, the queue and the rows, tokens by controller, time to first token, request
     seconds and tokens per target forward by controller, and the prefix cache's hits, tokens saved and bytes."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine | Transcriber) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "decoctl_requests", "HTTP requests by endpoint and status", ("endpoint", "status"), registry=self.registry

@@ -31,6 +31,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from decoctl.serve._command import DRAIN_SECONDS
 from decoctl.serve._engine import Engine
 from decoctl.serve._streams import STREAM_STALLED
+from decoctl.serve._transcriber import Transcriber
 
 __all__ = ["Server"]
 #: how long past the drain uvicorn waits for the cut completions' last events to reach their clients
@@ -93,7 +94,7 @@ class Server(uvicorn.Server):
     def __init__(
         self,
         app: Any,
-        engine: Engine,
+        engine: Engine | Transcriber,
         *,
         drain_seconds: float = DRAIN_SECONDS,
         head_seconds: float = HEAD_SECONDS,
