@@ -411,6 +411,16 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
         return 0
     if args.models_command == "enable-taps":
         return _run_enable_taps(args, registry)
+    if args.models_command == "pipeline":
+        from decoctl.model._lowering import description_of
+        from decoctl.model._pipeline import to_json
+        from decoctl.model._spec import ModelSpec
+        from decoctl.plugins import resolve_model
+
+        _, path = resolve_model(args.model, registry)
+        # the description as the folder runs it, in pipeline.json's format: copy it next to the graphs and edit it
+        print(json.dumps(to_json(description_of(ModelSpec.from_folder(path))), indent=2))
+        return 0
     if args.models_command == "import":
         return _run_models_import(args)
     for name, bundle in sorted(registry.models().items()):
@@ -482,6 +492,10 @@ def build_parser(
     model_commands = models.add_subparsers(dest="models_command")
     info = model_commands.add_parser("info", help="a model's layout and capabilities, checked by a dry forward")
     info.add_argument("model", help="registered name or folder")
+    described = model_commands.add_parser(
+        "pipeline", help="print the pipeline a model runs (its pipeline.json or its layout's preset) as JSON"
+    )
+    described.add_argument("model", help="registered name or folder")
     tree = model_commands.add_parser(
         "enable-tree", help="copy an onnxruntime-genai model with the inputs tree verification needs"
     )

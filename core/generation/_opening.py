@@ -87,6 +87,12 @@ def check_models(spec: ControllerSpec, options: Mapping[str, Any], models: Mappi
             )
         _check_encoder_decoder(role, model, target)
         needed = spec.active_capabilities(options).get(role, ())
+        # a tap the decoder gives but the model's pipeline does not carry on every forward (decoctl.model._lowering)
+        gaps = [(c, model.tap_gaps[c]) for c in needed if c in model.tap_gaps]
+        if gaps:
+            raise CapabilityError(
+                f"controller {spec.name!r} needs {gaps[0][0]} on role {role!r} (model {model.name}): {gaps[0][1]}"
+            )
         lacking = [c for c in needed if c not in model.capabilities.names()]
         if lacking:
             fixes = "; ".join(CAPABILITY_FIXES.get(c, f"export the model with {c}") for c in lacking)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -14,21 +15,18 @@ from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
 from decoctl.model import _huge_pages as pages
 from decoctl.model import _kv_layout as kv_layout
+from decoctl.model import _lowering as lowering
 from decoctl.model import _pipeline as pipelines
 from decoctl.model._capabilities import ATTENTION_BIAS, Capabilities
-from decoctl.model._encoder_decoder import Encoder, read_encoder
-from decoctl.model._gemma3_vision import gemma3_images
+from decoctl.model._encoder_decoder import Encoder
 from decoctl.model._kv_cache import kv_dtype, kv_shape
-from decoctl.model._pipeline_executor import OncePerInput, check_phases
-from decoctl.model._prefill import PrefillGraph, read_prefill
+from decoctl.model._prefill import PrefillGraph
 from decoctl.model._providers import CPU, Provider, SessionWithoutFallback
-from decoctl.model._qwen_vl import qwen_vision
 from decoctl.model._ring_cache import DEFAULT_SLACK, RingLayer
 from decoctl.model._ring_probe import probe_rings
 from decoctl.model._spec import ModelSpec
 from decoctl.model._tokenizer import Tokenizer
-from decoctl.model._vision import ImagePreprocessor, TokenEmbedder, VisionParts, read_embedding_table
-from decoctl.model._vision_families import vision_family
+from decoctl.model._vision import VisionParts
 from decoctl.model.graph import _fed_lengths as fed_lengths
 from decoctl.model.graph import _logit_rows as logit_rows
 from decoctl.model.graph import _protowire as protowire
@@ -92,6 +90,11 @@ class LoadedModel:
     prefill: PrefillGraph | None = None
     #: the execution provider its sessions run on (decoctl.model._providers)
     provider: Provider = CPU
+    #: the pipeline description it runs (its pipeline.json or the preset its config implies), as lowered at load
+    pipeline: pipelines.Pipeline | None = None
+    #: hidden-state taps the decoder gives that a controller cannot read on every forward: capability -> why and
+    #: the fix (decoctl.model._lowering; the controller check refuses a controller that needs one)
+    tap_gaps: Mapping[str, str] = attrs.field(factory=dict)
 
 
 def load_model(
@@ -135,13 +138,13 @@ def load_model(
     graph = windowed.model if windowed else rewritten.model if rewritten else None
     graph = _with_logits_from(spec, graph if graph is not None else source, provider) or graph
     rings = _ring_layers(spec, source, windowed, ring_slack)
-    parts = spec.encoder_decoder
-    others: tuple[ort.InferenceSession, ort.InferenceSession] | None = None
+    # what the folder runs: its pipeline.json, or the preset its config implies (decoctl.model._lowering)
+    description = lowering.description_of(spec)
     with pages.contiguous_allocations() if huge_pages else contextlib.nullcontext():
         session = _session(spec.onnx_file, graph, options, provider)
-        if parts is not None:  # an encoder-decoder model's encoder and first-pass decoder, each opened once
-            first = session if parts.merged else _session(parts.first_file, None, options, provider)
-            others = (_session(parts.encoder_file, None, options, provider), first)
+        sessions = lowering.open_sessions(
+            spec, description, session, lambda file: _session(file, None, options, provider)
+        )
     if huge_pages:
         # the weights now sit in onnxruntime's buffers: put them on huge pages (see huge_pages.py for the measurement)
         pages.collapse()
@@ -153,8 +156,8 @@ def load_model(
     capabilities = Capabilities.from_session(
         session, spec, rewritten.inputs if rewritten else None, windowed.windows if windowed else (), rings
     )
-    encoder = None if others is None else read_encoder(spec, *others, session)
-    vision, prefill = _composite(spec, session, capabilities, options, provider)
+    lowered = lowering.lower(spec, description, sessions, capabilities)
+    spec = lowered.spec
     tokenizer = Tokenizer.from_file(spec.tokenizer_file, bos_token_id=spec.bos_token_id, add_bos=spec.add_bos)
     _check_vocabulary(spec, session, tokenizer)
     model = LoadedModel(
@@ -164,10 +167,12 @@ def load_model(
         capabilities=capabilities,
         tokenizer=tokenizer,
         threads=options.intra_op_num_threads,
-        encoder=encoder,
-        vision=vision,
-        prefill=prefill,
+        encoder=lowered.encoder,
+        vision=lowered.vision,
+        prefill=lowered.prefill,
         provider=provider,
+        pipeline=description,
+        tap_gaps=lowered.tap_gaps,
     )
     log.debug(
         "decoctl.model_loaded",
@@ -301,116 +306,6 @@ def _external_data_extents(model: bytes) -> dict[str, int]:
                 end = int(entries.get("offset") or 0) + int(entries["length"])
                 ends[entries["location"]] = max(ends.get(entries["location"], 0), end)
     return ends
-
-
-#: the composite shapes decoctl runs: a vision-language model, and a split prefill/decode export
-_VISION_LANGUAGE = {"vision", "embedding", "decoder"}
-_SPLIT = {"prefill", "decoder"}
-
-
-def _composite(
-    spec: ModelSpec,
-    decoder: ort.InferenceSession,
-    capabilities: Capabilities,
-    options: ort.SessionOptions,
-    provider: Provider = CPU,
-) -> tuple[VisionParts | None, PrefillGraph | None]:
-    """A composite folder's other sessions, opened and checked against its pipeline description (every edge, port,
-    type and fixed size) before any of them runs: (vision parts, prefill graph), None where the folder has none."""
-    description = pipelines.read_pipeline(spec.path)
-    if description is None:
-        if capabilities.inputs_embeds is not None:
-            raise ModelLoadError(
-                f"{spec.onnx_file} takes {capabilities.inputs_embeds} instead of token ids, but {spec.path} describes "
-                "no stage that makes them: add the embedding (and vision) sections to genai_config.json, or a "
-                "pipeline.json (docs/ARCHITECTURE.md)"
-            )
-        return None, None
-    stages = {s.name: s for s in description.stages}
-    # a vision-language model's once-per-image part may be any chain of generation-phase sessions (a vision tower
-    # and a separate projector): decoctl.model._pipeline_executor runs it as described
-    once = {n for n, s in stages.items() if s.phase == "generation"}
-    vision_language = bool(once) and set(stages) == once | (_VISION_LANGUAGE - {"vision"})
-    if set(stages) != _SPLIT and not vision_language:
-        raise ModelLoadError(
-            f"{description.origin}: decoctl runs composite models of the sessions vision (or any chain of "
-            "generation-phase sessions), embedding and decoder (a vision-language model) or prefill and decoder (a "
-            f"split export); this description has {sorted(stages)}"
-        )
-    if stages["decoder"].file != spec.onnx_file.name:
-        raise ModelLoadError(
-            f"{description.origin}: session 'decoder' names {stages['decoder'].file} but genai_config.json's "
-            f"decoder is {spec.onnx_file.name}: name the same file"
-        )
-    sessions: dict[str, ort.InferenceSession] = {"decoder": decoder}
-    for name in stages:
-        if name == "decoder":
-            continue
-        path = spec.path / stages[name].file
-        if not path.is_file():
-            raise ModelLoadError(f"{description.origin}: session {name!r} names {path}, which does not exist")
-        sessions[name] = _session(path, None, options, provider)
-    description.validate({name: pipelines.ports_of(session) for name, session in sessions.items()})
-    check_phases(description)
-    if "prefill" in stages:
-        if not stages["prefill"].shares_kv:
-            raise ModelLoadError(
-                f"{description.origin}: session 'prefill' must say \"shares_kv\": true (it writes the decoder's KV "
-                "cache)"
-            )
-        return None, read_prefill(spec, sessions["prefill"], decoder, str(spec.path / stages["prefill"].file))
-    return _vision_parts(spec, description, sessions, capabilities), None
-
-
-def _vision_parts(
-    spec: ModelSpec,
-    description: pipelines.Pipeline,
-    sessions: dict[str, ort.InferenceSession],
-    capabilities: Capabilities,
-) -> VisionParts:
-    stages = {s.name: s for s in description.stages}
-    if capabilities.inputs_embeds is None:
-        raise ModelLoadError(
-            f"{description.origin}: the embedding stage feeds the decoder, but {spec.onnx_file} takes token ids; "
-            "export the decoder with the builder's exclude_embeds=true"
-        )
-    if spec.image_token_id is None:
-        raise ModelLoadError(f"{spec.path / 'genai_config.json'}: a vision-language model needs model.image_token_id")
-    edge = {e.ends()[1]: e.ends()[0] for e in description.edges}
-    feature_input = next(t[1] for t in edge if t[0] == "embedding")
-    feature_output = edge[("embedding", feature_input)][1]
-    embeds_output = edge[("decoder", capabilities.inputs_embeds)][1]
-    ids_input = stages["embedding"].host_inputs[0]
-    chain = OncePerInput(description, sessions)
-    embedding = sessions["embedding"]
-    table = read_embedding_table(spec.path / stages["embedding"].file, ids_input)
-    embedder = TokenEmbedder(
-        embedding, table, image_token=spec.image_token_id, ids=ids_input, features=feature_input, output=embeds_output
-    )
-    embedder.check_table()
-    config_path = spec.path / "genai_config.json"
-    family = vision_family(config_path)
-    preprocessor = ImagePreprocessor.from_folder(spec.path)
-    qwen = qwen_vision(config_path, preprocessor) if family == "qwen2_5_vl" else None
-    if (qwen is not None) != (capabilities.position_axes == 3):
-        raise ModelLoadError(
-            f"{config_path}: model.type {family!r} but {spec.onnx_file}'s {capabilities.position_ids} is "
-            f"{'three' if capabilities.position_axes == 3 else 'one'} position(s) a token: the type and the decoder "
-            "do not belong together (M-RoPE decoders take int64[3, batch, sequence]); export them together"
-        )
-    marks, blocks = gemma3_images(spec, capabilities) if family == "gemma3" else (None, None)
-    log.debug("decoctl.vision_loaded", model=str(spec.path), family=family, table=embedder.table is not None)
-    return VisionParts(
-        qwen=qwen,
-        marks=marks,
-        blocks=blocks,
-        vision=sessions["vision"] if chain.order == ("vision",) else chain,
-        pixel_input=stages[chain.order[0]].host_inputs[0],
-        feature_output=feature_output,
-        embedder=embedder,
-        preprocessor=preprocessor,
-        image_token=spec.image_token_id,
-    )
 
 
 def _graph_bytes(spec: ModelSpec) -> bytes | None:

@@ -9,7 +9,9 @@ every session must be fed by exactly one edge.
 
 Where the description comes from: a folder's ``pipeline.json`` (decoctl's schema, docs/ARCHITECTURE.md), else
 onnxruntime-genai's ``vision`` / ``embedding`` / ``decoder`` sections of genai_config.json; a plain decoder-only or
-encoder-decoder folder is one of the presets (:func:`decoder_only`, :func:`encoder_decoder`).
+encoder-decoder folder is one of the presets (:func:`decoder_only`, :func:`encoder_decoder`; a split export's
+pipeline.json is :func:`split_prefill`'s). Every one is lowered to what runs by decoctl.model._lowering, and
+``decoctl models pipeline MODEL`` prints the one a folder runs (:func:`to_json`).
 
 Validation names the file, the edge and the fix for: an unknown session, a port the graph lacks (with the ports it
 has), an edge whose output belongs to another session than the one named, an input fed twice or not at all, a
@@ -27,10 +29,26 @@ import attrs
 
 from decoctl.errors import ModelLoadError
 
-__all__ = ["PHASES", "Edge", "Pipeline", "Port", "Stage", "decoder_only", "encoder_decoder", "read_pipeline"]
+__all__ = [
+    "PHASES",
+    "Edge",
+    "Pipeline",
+    "Port",
+    "Stage",
+    "decoder_only",
+    "encoder_decoder",
+    "read_pipeline",
+    "split_prefill",
+    "to_json",
+]
 
 PHASES = ("generation", "chunk", "step")
 PIPELINE_FILE = "pipeline.json"
+#: what a preset's edge fault asks for: its edges are the layout's own, so its graphs are what disagree
+PRESET_FIX = (
+    "the graphs do not belong together (files of another export?): copy the files of one export, or describe the "
+    "folder in a pipeline.json (decoctl models pipeline MODEL prints the preset to start from)"
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -77,6 +95,9 @@ class Pipeline:
     stages: tuple[Stage, ...]
     edges: tuple[Edge, ...]
     origin: str
+    #: what an edge's fault asks for: the edge fixed where a file describes it; a preset's edges are the layout's,
+    #: so there the graphs are what disagree
+    fix: str = "fix the edge"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -176,7 +197,7 @@ class Pipeline:
         return []
 
     def _error(self, edge: Edge, why: str) -> ModelLoadError:
-        return ModelLoadError(f"{self.origin}: edge {edge.source} -> {edge.target}: {why}; fix the edge")
+        return ModelLoadError(f"{self.origin}: edge {edge.source} -> {edge.target}: {why}; {self.fix}")
 
 
 def _check_match(pipeline: Pipeline, edge: Edge, output: Port, input_: Port) -> None:
@@ -192,24 +213,67 @@ def _check_match(pipeline: Pipeline, edge: Edge, output: Port, input_: Port) -> 
             )
 
 
-def decoder_only(graph: str) -> Pipeline:
+def decoder_only(graph: str, *, origin: str | None = None) -> Pipeline:
     """The preset of a decoder-only folder: one session, the decoder, every input the host's."""
     return Pipeline(
-        stages=(Stage(name="decoder", file=graph, phase="step", host_inputs=("*",)),), edges=(), origin=graph
+        stages=(Stage(name="decoder", file=graph, phase="step", host_inputs=("*",)),),
+        edges=(),
+        origin=origin or graph,
+        fix=PRESET_FIX,
     )
 
 
-def encoder_decoder(encoder: str, decoder: str) -> Pipeline:
-    """The preset of an encoder-decoder folder: the encoder once per generation, its hidden states into the
-    decoder's cross-attention (the cross-attention KV is written by the first pass and kept)."""
+def encoder_decoder(
+    encoder: str,
+    decoder: str,
+    *,
+    first: str | None = None,
+    output: str = "last_hidden_state",
+    hidden_input: str = "encoder_hidden_states",
+    origin: str | None = None,
+) -> Pipeline:
+    """The preset of an encoder-decoder folder: the encoder once per input (a source text, an audio window), its
+    hidden states into the decoder's cross-attention. ``first``: a separate first-pass decoder (Optimum's
+    decoder_model.onnx beside decoder_with_past_model.onnx), a chunk-phase session sharing the decoder's KV that
+    takes the encoder's output and writes the cross-attention KV once; None for a merged decoder, which does both."""
+    reader = "first_pass" if first is not None else "decoder"
+    stages = [Stage(name="encoder", file=encoder, phase="generation", host_inputs=("*",))]
+    if first is not None:
+        stages.append(Stage(name="first_pass", file=first, phase="chunk", host_inputs=("*",), shares_kv=True))
+    stages.append(Stage(name="decoder", file=decoder, phase="step", host_inputs=("*",)))
+    return Pipeline(
+        stages=tuple(stages),
+        edges=(Edge(source=f"encoder.{output}", target=f"{reader}.{hidden_input}"),),
+        origin=origin or decoder,
+        fix=PRESET_FIX,
+    )
+
+
+def split_prefill(prefill: str, decoder: str, *, origin: str | None = None) -> Pipeline:
+    """The preset of a split prefill/decode export: a fixed-length prefill graph runs every multi-token forward
+    chunk by chunk, the decode graph every one-token step, both on one KV cache."""
     return Pipeline(
         stages=(
-            Stage(name="encoder", file=encoder, phase="generation", host_inputs=("*",)),
+            Stage(name="prefill", file=prefill, phase="chunk", host_inputs=("*",), shares_kv=True),
             Stage(name="decoder", file=decoder, phase="step", host_inputs=("*",)),
         ),
-        edges=(Edge(source="encoder.last_hidden_state", target="decoder.encoder_hidden_states"),),
-        origin=decoder,
+        edges=(),
+        origin=origin or decoder,
+        fix=PRESET_FIX,
     )
+
+
+def to_json(pipeline: Pipeline) -> dict[str, Any]:
+    """``pipeline`` in pipeline.json's format (what :func:`read_pipeline` reads back as the same description)."""
+    sessions: dict[str, Any] = {}
+    for stage in pipeline.stages:
+        entry: dict[str, Any] = {"file": stage.file, "phase": stage.phase}
+        if stage.host_inputs:
+            entry["host_inputs"] = list(stage.host_inputs)
+        if stage.shares_kv:
+            entry["shares_kv"] = True
+        sessions[stage.name] = entry
+    return {"sessions": sessions, "edges": [{"from": e.source, "to": e.target} for e in pipeline.edges]}
 
 
 def read_pipeline(folder: Path) -> Pipeline | None:
