@@ -663,7 +663,10 @@ class Generator:
             sequence.stats = type(sequence.stats)()
         if request.source is not None:  # every role's encoder reads the source once per generation
             for sequence in sequences:
-                sequence.encode(request.source)
+                if self.prefix_cache is not None and sequence is host.target:  # a source kept before: no encoder run
+                    self.prefix_cache.encode(sequence, request.source)
+                else:
+                    sequence.encode(request.source)
         adapter, self._adapter_next = self._adapter_next, None
         if self.adapters:  # every generation binds its adapter's values, or zeros: none stays from the last
             bind = host.target.runner._fast.bind_input
@@ -674,6 +677,8 @@ class Generator:
             host.target.prefill(request.ids, self.prefill_chunk)
         else:
             prefill_cached(self.prefix_cache, host.target, request.ids, self.prefill_chunk)
+            if request.source is not None:  # the encoder's output kept for the same source next time
+                self.prefix_cache.keep_source(host.target, request.source)
         run.prefill_seconds = time.perf_counter() - run.started
         start_controller(run.controller, host)
         run.decode_started = time.perf_counter()

@@ -22,6 +22,14 @@ cache. Eviction is by recency: a lookup touches the blocks it used from the last
 blocks are always more recent than its later ones and eviction takes the tails of chains first. A block is in use
 only while ``restore`` copies it, under the cache's lock; a request whose blocks are evicted later holds its own copy.
 
+An encoder-decoder model's decoder KV depends on its whole source, not on a token prefix, so for such a model the
+cache keeps sources instead of blocks: ``encode(sequence, source)`` restores what a source kept before left in a row
+(the encoder's output, keyed by a digest of the source's bytes: a speech window's features, a text source's token
+ids), or runs the encoder; ``keep_source(sequence, source)`` keeps it. The same audio transcribed twice runs the
+encoder once. The first-pass decoder still computes the cross-attention KV from the restored output (the
+cross-attention projections, a small part of the encoder's cost), so every logit is bitwise what it is without the
+cache, on any export.
+
 Ring layers (sliding windows) hold position p at row p only until they evict (decoctl.model._kv_blocks): reuse stops
 at the ring's capacity (the window plus the rewind slack) instead of keeping a ring's state per block, which on Gemma 3
 (window 512, capacity 576) would cost nine times a block's memory for every ring layer of every block.
@@ -43,6 +51,7 @@ import structlog
 
 from decoctl.errors import ConfigError, SequenceError
 from decoctl.host import Sequence
+from decoctl.model._decoder_runner import SourceState
 from decoctl.model._kv_blocks import block_bytes, linear_length, read_blocks, reuse_limit, write_blocks
 from decoctl.model._kv_cache import dtype_name, kv_dtype
 from decoctl.model._loader import LoadedModel
@@ -61,8 +70,9 @@ _ROOT = b"decoctl-prefix-cache"
 class PrefixCacheStats:
     """What the cache did since it was made: ``lookups`` (restores asked), ``hits`` (restores that copied at least
     one block), ``tokens_saved`` (prompt tokens copied instead of prefilled), ``blocks``, ``bytes`` (held now,
-    blocks and image features), ``budget`` (bytes), ``evicted`` (blocks dropped for room), ``image_hits`` (prompts
-    whose images' features were kept)."""
+    blocks and image features), ``budget`` (bytes), ``evicted`` (blocks, or an encoder-decoder model's sources,
+    dropped for room), ``image_hits`` (prompts whose images' features were kept), ``source_hits`` (an encoder-decoder
+    model's sources restored instead of encoded), ``sources`` (such sources held now)."""
 
     lookups: int
     hits: int
@@ -72,6 +82,8 @@ class PrefixCacheStats:
     budget: int
     evicted: int
     image_hits: int = 0
+    source_hits: int = 0
+    sources: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -85,11 +97,9 @@ class PrefixCache:
 
     def __init__(self, model: LoadedModel, budget: int, block_tokens: int = BLOCK_TOKENS) -> None:
         spec = model.spec
-        if model.encoder is not None:
-            raise ConfigError(
-                f"the prefix cache cannot serve model {model.name}: it is an encoder-decoder model, whose decoder KV "
-                "depends on the source as a whole, not on a token prefix; run it without --prefix-cache-mb"
-            )
+        #: an encoder-decoder model's sources (SourceState) by the digest of the source, least recent first
+        self._sources: collections.OrderedDict[bytes, SourceState] = collections.OrderedDict()
+        self._source_bytes = self._source_hits = 0
         #: a vision-language target's image token: blocks from the first one on are keyed by the images too
         self.image_token = None if model.vision is None else model.vision.embedder.image_token
         if block_tokens < 1:
@@ -98,7 +108,15 @@ class PrefixCache:
         self.dtype = kv_dtype(model.session, spec)
         self.block_tokens = block_tokens
         self.block_bytes = block_bytes(spec.num_layers, spec.num_kv_heads, spec.head_size, self.dtype, block_tokens)
-        if budget < self.block_bytes:
+        if model.encoder is not None:
+            largest = source_bytes(model)
+            if budget < largest:
+                raise ConfigError(
+                    f"a prefix cache of {budget} bytes holds no source of model {model.name} (the encoder's output "
+                    f"for {model.encoder.parts.source_length} positions is {largest} bytes): give at least "
+                    f"{-(-largest // 2**20)} MB, or leave the cache off"
+                )
+        elif budget < self.block_bytes:
             raise ConfigError(
                 f"a prefix cache of {budget} bytes holds no block of model {model.name} (one block of "
                 f"{block_tokens} tokens is {self.block_bytes} bytes of {dtype_name(self.dtype)} KV over "
@@ -162,6 +180,8 @@ class PrefixCache:
         whole blocks, never the last token and never more than ``limit`` tokens; return how many it holds now (feed
         ``ids`` from there)."""
         self._check(sequence)
+        if self.model.encoder is not None:  # its decoder's KV depends on the source: kept by source (encode)
+            return 0
         kv = sequence.runner.kv
         if kv.length:
             raise SequenceError(f"the prefix cache restores into an empty row, not one holding {kv.length} tokens")
@@ -206,6 +226,8 @@ class PrefixCache:
         evicting the least recently used blocks for room; return how many blocks were added. A row that still holds a
         whole tree, or whose ring layers evicted before a block ends, keeps nothing past that point."""
         self._check(sequence)
+        if self.model.encoder is not None:  # its decoder's KV depends on the source: kept by source (keep_source)
+            return 0
         try:
             sequence.check_batchable("keeping a prefix")
         except SequenceError:
@@ -266,6 +288,43 @@ class PrefixCache:
                 self._feature_bytes += size
         return features
 
+    def encode(self, sequence: Sequence, source: np.ndarray) -> bool:
+        """``sequence.encode(source)``, or, where ``source`` was kept (``keep_source``), what it left restored into
+        the row without running the encoder; True for the latter."""
+        self._check(sequence)
+        key = _source_key(source)
+        with self._lock:
+            state = self._sources.get(key)
+            if state is not None:
+                self._sources.move_to_end(key)
+                self._source_hits += 1
+        if state is None:
+            sequence.encode(source)
+            return False
+        sequence.adopt_source(state)
+        return True
+
+    def keep_source(self, sequence: Sequence, source: np.ndarray) -> bool:
+        """Keep what ``sequence``'s encoder computed from ``source``, evicting the least recently used sources for
+        room; True where it was added."""
+        self._check(sequence)
+        key = _source_key(source)
+        with self._lock:
+            if key in self._sources:
+                return False
+        state = sequence.runner.source_state()
+        if state is None or state.nbytes > self.budget:
+            return False
+        with self._lock:
+            if key in self._sources:
+                return False
+            while self._sources and self._source_bytes + state.nbytes > self.budget:
+                self._source_bytes -= self._sources.popitem(last=False)[1].nbytes
+                self._evicted += 1
+            self._sources[key] = state
+            self._source_bytes += state.nbytes
+        return True
+
     def stats(self) -> PrefixCacheStats:
         with self._lock:
             return PrefixCacheStats(
@@ -273,10 +332,12 @@ class PrefixCache:
                 hits=self._hits,
                 tokens_saved=self._saved,
                 blocks=len(self._blocks),
-                bytes=len(self._blocks) * self.block_bytes + self._feature_bytes,
+                bytes=len(self._blocks) * self.block_bytes + self._feature_bytes + self._source_bytes,
                 budget=self.budget,
                 evicted=self._evicted,
                 image_hits=self._image_hits,
+                source_hits=self._source_hits,
+                sources=len(self._sources),
             )
 
     def _check(self, sequence: Sequence) -> None:
@@ -285,6 +346,21 @@ class PrefixCache:
                 f"this prefix cache keeps model {self.model.name}'s KV, not model {sequence.model.name}'s: give each "
                 "model its own cache"
             )
+
+
+def source_bytes(model: LoadedModel) -> int:
+    """The bytes one source of ``model`` (an encoder-decoder model) takes in the cache at its longest: the encoder's
+    output over its longest source."""
+    encoder = model.encoder
+    assert encoder is not None
+    return encoder.parts.source_length * encoder.hidden_size * encoder.hidden_dtype.itemsize
+
+
+def _source_key(source: np.ndarray) -> bytes:
+    """A digest of an encoder's source: its dtype, shape and bytes."""
+    data = np.ascontiguousarray(source)
+    head = f"{data.dtype.str}{data.shape}".encode()
+    return hashlib.blake2b(b"decoctl-source/" + head + data.tobytes(), digest_size=16).digest()
 
 
 def prefill_cached(cache: PrefixCache, sequence: Sequence, ids: np.ndarray, chunk: int | None) -> int:

@@ -24,7 +24,7 @@ import numpy as np
 from decoctl.errors import CapabilityError, ConfigError, SequenceError
 from decoctl.host._output import Output
 from decoctl.model._capabilities import FEATURES
-from decoctl.model._decoder_runner import DecoderRunner
+from decoctl.model._decoder_runner import DecoderRunner, SourceState
 from decoctl.model._kv_cache import KVCache
 from decoctl.model._loader import LoadedModel
 from decoctl.model._runner import Runner, RunOutputs
@@ -309,6 +309,17 @@ class Sequence:
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):
             raise SequenceError(f"encode() on role {self.role!r} got token ids outside [0, {vocab})")
         runner.encode(ids)
+        self._invalidate()
+
+    def adopt_source(self, state: SourceState) -> None:
+        """An encoder-decoder model's source as ``encode`` would leave it, its encoder output copied from ``state``
+        (``runner.source_state()`` of a row of the same model): the decoder's cache emptied, no encoder run.
+
+        @private"""
+        runner = self._runner
+        if not isinstance(runner, DecoderRunner):
+            raise CapabilityError(f"adopt_source() on role {self.role!r}: model {self.model.name} has no encoder")
+        runner.restore_source(state)
         self._invalidate()
 
     def logits(self) -> np.ndarray:

@@ -34,7 +34,7 @@ from decoctl.model._kv_cache import ConcatKVCache, KVCache, binding_type, graph_
 from decoctl.model._loader import LoadedModel
 from decoctl.model._runner import Runner, RunOutputs, binding_calls
 
-__all__ = ["DecoderRunner"]
+__all__ = ["DecoderRunner", "SourceState"]
 
 #: a decoder graph's input for its own tokens' mask (decoder_attention_mask in transformers)
 DECODER_MASK = "attention_mask"
@@ -57,6 +57,18 @@ class _Binding:
         bind = self._calls.bind_output if output else self._calls.bind_input
         bind(name, dtype, list(shape), pointer)
         self._bound[name] = (pointer, shape)
+
+
+class SourceState:
+    """The encoder's output for one source, copied out of a runner (``DecoderRunner.source_state``): ``encoded``,
+    [length, hidden]. ``nbytes``: what it holds."""
+
+    __slots__ = ("encoded", "length", "nbytes")
+
+    def __init__(self, encoded: np.ndarray) -> None:
+        self.length = int(encoded.shape[0])
+        self.encoded = encoded
+        self.nbytes = int(encoded.nbytes)
 
 
 class DecoderRunner(Runner):
@@ -152,6 +164,25 @@ class DecoderRunner(Runner):
         run.bind(parts.encoder_output_name, self._hidden_type, (1, n, width), encoded, output=True)
         run.run()
         self.encoder_runs += 1
+        self.kv.truncate(0)
+        self._source_key = object()
+        self._cross_ready = False
+        self._bind_source(n)
+
+    def source_state(self) -> SourceState | None:
+        """A copy of the encoder's output for the source encoded last (None before the first ``encode``): what
+        ``restore_source`` gives any runner of the same model."""
+        n = self.source_length
+        return None if n == 0 else SourceState(self._encoded[0, :n].copy())
+
+    def restore_source(self, state: SourceState) -> None:
+        """Hold ``state``'s encoder output as ``encode`` leaves it, without running the encoder: the decoder's cache
+        empty, and the next forward (from length 0) runs the first-pass decoder over it, which computes the
+        cross-attention KV as after ``encode`` (so every logit is what it would have been)."""
+        n = state.length
+        if n > self._capacity:
+            self._allocate(self._parts.source_length)
+        self._encoded[0, :n] = state.encoded
         self.kv.truncate(0)
         self._source_key = object()
         self._cross_ready = False

@@ -62,6 +62,11 @@ class Metrics:
             ("decoctl_prefix_cache_budget_bytes", "the prefix cache's budget in bytes (0: off)", "budget"),
             ("decoctl_prefix_cache_evicted_blocks", "blocks the prefix cache dropped for room", "evicted"),
             ("decoctl_prefix_cache_image_hits", "requests whose images' features the cache kept", "image_hits"),
+            (
+                "decoctl_prefix_cache_source_hits",
+                "generations whose encoder output the cache kept (an encoder-decoder model's audio or source)",
+                "source_hits",
+            ),
         ):
             gauge = Gauge(name, text, registry=self.registry)
             gauge.set_function(functools.partial(_cache_stat, cache, read))

@@ -222,3 +222,19 @@ def test_a_speech_model_refuses_serve_flags_that_do_not_apply(whisper: Any) -> N
 
     code = main(["serve", "-m", str(whisper.folder("whisper")), "--deterministic", "--port", "0"])
     assert code != 0
+
+
+def test_the_worker_with_a_prefix_cache_encodes_repeated_audio_once(whisper: Any) -> None:
+    from decoctl.serve._transcriber import Transcriber, TranscriptionJob
+
+    folder = whisper.folder("whisper")
+    transcriber = Transcriber({"target": load_model(folder, threads=1)}, prefix_cache_mb=16)
+    transcriber.start()
+    try:
+        audio = _audio(5, 4)
+        texts = [transcriber.submit(TranscriptionJob(samples=audio, language="en")).result().text for _ in range(2)]
+    finally:
+        transcriber.close()
+    assert texts == [_offline(folder, audio, language="en").text] * 2
+    assert transcriber._greedy._sequences["target"]._runner.encoder_runs == 1
+    assert transcriber.prefix_cache is not None and transcriber.prefix_cache.stats().source_hits == 1
