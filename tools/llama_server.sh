@@ -6,7 +6,8 @@
 #   SERVER=cpp tools/llama_server.sh      # llama.cpp's own llama-server: 16 parallel slots, continuous batching
 #   SETUP_ONLY=1 tools/llama_server.sh    # prepare everything below and exit
 #
-# CPU=0 THREADS=1 PORT=8001 by default; SLOTS=16 (SERVER=cpp). Anything after the quantization goes to the server.
+# CPU=0 THREADS=1 PORT=8001 by default; SLOTS=16 (SERVER=cpp). Anything after the quantization (or every argument,
+# where the first is an option) goes to the server.
 #
 # The first run prepares, each step skipped once done (about 10 minutes on 2 cores, most of it compiling):
 # 1. build/venv-llama: llama-cpp-python[server] $LLAMA_CPP_PYTHON, built from its PyPI sdist for this CPU
@@ -31,8 +32,11 @@ THREADS=${THREADS:-1}
 PORT=${PORT:-8001}
 SLOTS=${SLOTS:-16}
 SERVER=${SERVER:-python}
-QUANT=${1:-q8_0}
-shift $(($# > 0 ? 1 : 0))
+QUANT=q8_0
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then  # a first argument that is not an option names the quantization
+    QUANT=$1
+    shift
+fi
 
 VENV=build/venv-llama
 SRC=build/llama-cpp-python-src
