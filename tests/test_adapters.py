@@ -16,7 +16,9 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from decoctl import Generator  # noqa: E402
 from decoctl.cli import main  # noqa: E402
 from decoctl.errors import ConfigError, ModelLoadError  # noqa: E402
-from decoctl.model._adapters import read_adapter, write_adapter  # noqa: E402
+from decoctl.generation import BatchPrompt  # noqa: E402
+from decoctl.model._adapters import read_adapter, with_adapters, write_adapter  # noqa: E402
+from decoctl.model._loader import load_model  # noqa: E402
 from decoctl.plugins import PluginRegistry  # noqa: E402
 from decoctl.testing import build_genai_model  # noqa: E402
 
@@ -111,12 +113,17 @@ def lora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = build_genai_model(root / "plain", seed=3, tree_inputs=True)
     slots = with_lora_slots(base, root / "base")
     made = {"base": root / "base", "plain": base}
-    for seed, name in ((1, "alpha"), (2, "beta")):
+    for seed, name, rank in ((1, "alpha", RANK), (2, "beta", RANK), (5, "gamma", 2)):
         rng = np.random.default_rng(seed)
-        parameters = {k: rng.normal(0, 0.3, shape).astype(np.float32) for k, shape in slots.items()}
+        parameters = {k: rng.normal(0, 0.3, _ranked(shape, rank)).astype(np.float32) for k, shape in slots.items()}
         made[name] = write_adapter(root / f"{name}.onnx_adapter", parameters)
         made[f"{name}-merged"] = merged_twin(base, root / f"{name}-merged", parameters)
     return made
+
+
+def _ranked(shape: tuple[int, int], rank: int) -> tuple[int, int]:
+    """A slot's shape (RANK on its rank axis) at ``rank``."""
+    return (shape[0], rank) if shape[1] == RANK else (rank, shape[1])
 
 
 def _tokens(generator: Generator, **kwargs: object) -> tuple[int, ...]:
@@ -221,3 +228,100 @@ def test_drafting_controllers_with_an_adapter_commit_what_greedy_on_its_twin_com
     )
     twin = Generator({"target": str(lora["alpha-merged"])}, "greedy", threads=1, registry=registry)
     assert _tokens(generator, adapter="alpha") == _tokens(twin)
+
+
+ADAPTERS = ("alpha", "beta", "gamma")
+
+
+def _loaded(lora: dict[str, Path]) -> dict[str, Path]:
+    return {name: lora[name] for name in ADAPTERS}
+
+
+def test_an_adapter_of_a_smaller_rank_is_zero_padded_and_equals_its_twin(
+    lora: dict[str, Path], registry: PluginRegistry
+) -> None:
+    generator = Generator({"target": str(lora["base"])}, "greedy", threads=1, registry=registry, adapters=_loaded(lora))
+    twin = Generator({"target": str(lora["gamma-merged"])}, "greedy", threads=1, registry=registry)
+    assert generator.models["target"].adapters.stacks["/model/layers.0/attn/q_proj.lora_A"].shape == (4, 64, RANK)
+    assert _tokens(generator, adapter="gamma") == _tokens(twin)
+
+
+def test_rows_of_different_adapters_in_one_batch_equal_each_alone(
+    lora: dict[str, Path], registry: PluginRegistry
+) -> None:
+    generator = Generator({"target": str(lora["base"])}, "greedy", threads=1, registry=registry, adapters=_loaded(lora))
+    prompts = ["def f(x):", "import os", "class A:", "x = [1,"]
+    names = [None, "alpha", "beta", "gamma", "alpha", None, "gamma", "beta"]
+    batch = [BatchPrompt(prompt=prompts[i % 4], adapter=name, max_new_tokens=12) for i, name in enumerate(names)]
+    results = generator.generate_batch(batch, batch_size=4)
+    assert all("in one buffer" in r.stats.trace["batched"] for r in results)  # stepped together, one Run a step
+    alone = [generator.generate(b.prompt, adapter=b.adapter, max_new_tokens=12).tokens for b in batch]
+    assert [r.tokens for r in results] == alone
+    for b, result in zip(batch, results, strict=True):
+        folder = lora["plain"] if b.adapter is None else lora[f"{b.adapter}-merged"]
+        twin = Generator({"target": str(folder)}, "greedy", threads=1, registry=registry)
+        assert result.tokens == twin.generate(b.prompt, max_new_tokens=12).tokens
+
+
+def test_beam_search_with_an_adapter_equals_beam_search_on_its_twin(
+    lora: dict[str, Path], registry: PluginRegistry
+) -> None:
+    options = {"num_beams": 3}
+    generator = Generator(
+        {"target": str(lora["base"])}, "beam", options=options, threads=1, registry=registry, adapters=_loaded(lora)
+    )
+    twin = Generator({"target": str(lora["beta-merged"])}, "beam", options=options, threads=1, registry=registry)
+    assert _tokens(generator, adapter="beta") == _tokens(twin)
+
+
+def test_an_unknown_adapter_in_a_batch_is_refused_naming_the_prompt(
+    lora: dict[str, Path], registry: PluginRegistry
+) -> None:
+    generator = Generator({"target": str(lora["base"])}, "greedy", threads=1, registry=registry, adapters=_loaded(lora))
+    with pytest.raises(
+        ConfigError, match=r"prompt 1: adapter 'delta' is not loaded \(loaded: \['alpha', 'beta', 'gamma'\]\)"
+    ):
+        generator.generate_batch([PROMPT, {"prompt": PROMPT, "adapter": "delta"}])
+
+
+def test_the_prefix_cache_keys_its_blocks_by_adapter(lora: dict[str, Path], registry: PluginRegistry) -> None:
+    prompt = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
+    adapters = _loaded(lora)
+    cached = Generator(
+        {"target": str(lora["base"])}, "greedy", threads=1, registry=registry, adapters=adapters, prefix_cache_mb=4
+    )
+    fresh = Generator({"target": str(lora["base"])}, "greedy", threads=1, registry=registry, adapters=adapters)
+    order = ["alpha", "beta", None, "alpha", "beta", None]
+    got = [cached.generate(prompt, adapter=name, max_new_tokens=8).tokens for name in order]
+    assert got == [fresh.generate(prompt, adapter=name, max_new_tokens=8).tokens for name in order]
+    assert cached.prefix_cache is not None
+    stats = cached.prefix_cache.stats()
+    assert (stats.lookups, stats.hits) == (6, 3)  # each adapter's second turn only: no block crosses adapters
+
+
+def test_a_model_without_adapters_is_not_rewritten(lora: dict[str, Path], registry: PluginRegistry) -> None:
+    generator = Generator({"target": str(lora["base"])}, "greedy", threads=1, registry=registry)
+    names = {i.name for i in generator.models["target"].session.get_inputs()}
+    assert generator.models["target"].adapters is None and "lora_index" not in names
+
+
+def test_a_slot_that_reads_rows_flattened_into_tokens_is_refused_by_name(lora: dict[str, Path], tmp_path: Path) -> None:
+    folder = tmp_path / "flat"
+    shutil.copytree(lora["base"], folder)
+    model = onnx.load(str(folder / "model.onnx"))
+    graph = model.graph
+    first = next(n for n in graph.node if n.op_type == "MatMul" and n.input[1].endswith("q_proj.lora_A"))
+    flat = first.input[0] + "/flat"
+    graph.initializer.append(numpy_helper.from_array(np.array([-1, 64], np.int64), "flat_shape"))
+    graph.node.insert(
+        list(graph.node).index(first), helper.make_node("Reshape", [first.input[0], "flat_shape"], [flat])
+    )
+    first.input[0] = flat
+    onnx.save(model, str(folder / "model.onnx"))
+    with pytest.raises(ModelLoadError, match=r"q_proj\.lora_A reads .*flattened into tokens \(rank 2\)"):
+        load_model(folder, lora_stacks=True)
+
+
+def test_with_adapters_refuses_a_model_loaded_as_exported(lora: dict[str, Path]) -> None:
+    with pytest.raises(ModelLoadError, match="lora_stacks=True"):
+        with_adapters(load_model(lora["base"]), {"alpha": lora["alpha"]})

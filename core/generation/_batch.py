@@ -49,7 +49,7 @@ __all__ = [
     "run_batch",
 ]
 
-PROMPT_KEYS = ("prompt", "max_new_tokens", "seed", "stop", "source")
+PROMPT_KEYS = ("prompt", "max_new_tokens", "seed", "stop", "source", "adapter")
 """The keys a line of a prompts file may hold; ``source`` is a note for people (where the prompt was cut from, as the
 bundled prompt files say) that generation does not read."""
 
@@ -63,12 +63,13 @@ def _stop_strings(value: Any) -> tuple[str, ...]:
 @attrs.frozen(kw_only=True)
 class BatchPrompt:
     """One prompt of a batch and its own limits: ``max_new_tokens`` and ``seed`` (None: the batch call's) and
-    ``stop`` strings (added to the call's)."""
+    ``stop`` strings (added to the call's); ``adapter``: the loaded LoRA adapter it runs (None: the base model)."""
 
     prompt: str
     max_new_tokens: int | None = None
     seed: int | None = None
     stop: tuple[str, ...] = attrs.field(default=(), converter=_stop_strings)
+    adapter: str | None = None
 
     @classmethod
     def of(cls, item: str | Mapping[str, Any] | BatchPrompt, where: str) -> BatchPrompt:
@@ -101,7 +102,10 @@ class BatchPrompt:
             stop = (stop,)
         if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
             raise ConfigError(f"{where}: stop must be a non-empty string or a list of them, not {_shown(stop)}")
-        return cls(prompt=prompt, stop=tuple(stop), **limits)
+        adapter = item.get("adapter")
+        if adapter is not None and not isinstance(adapter, str):
+            raise ConfigError(f"{where}: adapter is a loaded adapter's name (a string), not {_shown(adapter)}")
+        return cls(prompt=prompt, stop=tuple(stop), adapter=adapter, **limits)
 
 
 def _shown(value: Any) -> str:

@@ -37,7 +37,7 @@ from decoctl.generation._tool_formats import template_messages, tool_format_for
 from decoctl.host import ForwardSizes, Host, Output, Rows, Sequence, role_flag
 from decoctl.importers._registry import role_defaults
 from decoctl.logs import get_logger
-from decoctl.model._adapters import Adapter, adapter_slots, bind_adapter, check_adapter, chosen_adapter, read_adapter
+from decoctl.model._adapters import Adapter, read_adapter, with_adapters
 from decoctl.model._loader import LoadedModel, load_model
 from decoctl.model._providers import Provider, ProviderChoice, providers_by_role
 from decoctl.model._vision import ImageFeatures, no_images
@@ -84,6 +84,8 @@ class _Request:
     source: np.ndarray | None = None
     #: a vision-language target's image features, in the order of the prompt's image tokens; None without images
     images: ImageFeatures | None = None
+    #: the table of the target's stacked LoRA slots the prompt runs (0: the base model; decoctl.model._adapters)
+    adapter: int = 0
 
 
 class _Run:
@@ -178,7 +180,7 @@ class Generator:
         self.debug = debug
         self.roles = self.spec.active_roles(self.options)
         self.models = self._load_roles(
-            dict(models or {}), threads, huge_pages, providers_by_role(providers, self.roles)
+            dict(models or {}), threads, huge_pages, providers_by_role(providers, self.roles), stacked=bool(adapters)
         )
         rules = suppress_rules(self.models["target"])
         if rules is not None:  # a speech model's token rules first, as transformers' Whisper generate has them
@@ -195,10 +197,8 @@ class Generator:
         self._lock = threading.Lock()
         #: the generation whose state the KV caches hold (an unfinished stream's between its items), or None
         self._active: _Run | None = None
-        #: the target's LoRA adapters (decoctl.model._adapters), the one the next generation runs, what is bound
+        #: the target's LoRA adapters (decoctl.model._adapters), in its stacked slots' tables 1.. in this order
         self.adapters = self._load_adapters(dict(adapters or {}))
-        self._adapter_next: Adapter | None = None
-        self._adapter_bound: list[np.ndarray] = []
 
     # -- set-up -----------------------------------------------------------------------------------------
     def _load_roles(
@@ -207,6 +207,8 @@ class Generator:
         threads: int | None,
         huge_pages: bool,
         providers: Mapping[str, Provider],
+        *,
+        stacked: bool = False,
     ) -> dict[str, LoadedModel]:
         given.setdefault("target", None)
         unused = sorted(set(given) - set(self.roles))
@@ -233,11 +235,24 @@ class Generator:
         loaded: dict[str, LoadedModel] = {}
         for role in self.roles:
             reference = given[role] if role in given else defaults[role]
-            if isinstance(reference, LoadedModel):  # already open: share its session (each Generator keeps its KV)
-                loaded[role] = reference
+            lora = stacked and role == "target"  # the target takes adapters: its LoRA slots stacked (row by row)
+            if isinstance(reference, LoadedModel) and (not lora or reference.adapters is not None):
+                loaded[role] = reference  # already open: share its session (each Generator keeps its KV)
+                continue
+            if isinstance(reference, LoadedModel):  # open as exported: opened again with its slots stacked
+                log.info("decoctl.adapters_reload", model=reference.name, reason="LoRA slots stacked")
+                loaded[role] = load_model(
+                    reference.spec.path,
+                    name=reference.name,
+                    threads=reference.threads,
+                    provider=reference.provider,
+                    lora_stacks=True,
+                )
                 continue
             name, path = resolve_model(reference, self.registry)
-            loaded[role] = load_model(path, name=name, threads=threads, huge_pages=huge_pages, provider=providers[role])
+            loaded[role] = load_model(
+                path, name=name, threads=threads, huge_pages=huge_pages, provider=providers[role], lora_stacks=lora
+            )
         self._check_roles(loaded)
         return loaded
 
@@ -245,21 +260,24 @@ class Generator:
         """The adapters read and checked against the target's LoRA slots (ModelLoadError naming what does not fit)."""
         if not given:
             return {}
-        if self.spec.rows(self.options) > 1 or self.prefix_cache is not None:
-            raise ConfigError(
-                f"adapters run with one row of the target and no prefix cache; controller {self.spec.name!r} with "
-                f"these options uses {self.spec.rows(self.options)} rows"
-                f"{' and a prefix cache is on' if self.prefix_cache is not None else ''}: use greedy, sample or a "
-                "drafting controller without a prefix cache"
-            )
-        target = self.models["target"]
-        self._adapter_slots = adapter_slots(target.session)
-        adapters = {}
-        for name, source in given.items():
-            adapter = source if isinstance(source, Adapter) else read_adapter(source, name=name)
-            check_adapter(adapter, self._adapter_slots, target.name)
-            adapters[name] = adapter
+        adapters = {
+            name: source if isinstance(source, Adapter) else read_adapter(source, name=name)
+            for name, source in given.items()
+        }
+        self.models["target"] = with_adapters(self.models["target"], adapters)
         return adapters
+
+    def _adapter_index(self, name: str | None) -> int:
+        """The target's LoRA table for adapter ``name`` (0: None, the base model); ConfigError naming those loaded."""
+        tables = self.models["target"].adapters
+        if name is None:
+            return 0
+        if tables is None or not self.adapters:
+            raise ConfigError(
+                f"adapter {name!r} is not loaded (loaded: none): load it with Generator(adapters={{{name!r}: path}}) "
+                "or --adapter NAME=FILE.onnx_adapter"
+            )
+        return tables.index(name)
 
     def _check_roles(self, loaded: Mapping[str, LoadedModel]) -> None:
         check_models(self.spec, self.options, loaded)
@@ -379,11 +397,10 @@ class Generator:
         (``stop_reason`` "closed").
         """
         pieces: list[str] = []
-        chosen = chosen_adapter(self.adapters, adapter)
+        chosen = self._adapter_index(adapter)
         self._acquire()
         try:
-            self._adapter_next = chosen
-            request = self._request(prompt, max_new_tokens, stop, seed, images, (audio, language, task))
+            request = self._request(prompt, max_new_tokens, stop, seed, images, (audio, language, task), chosen)
             run = self._begin(request, lambda _tokens, text: pieces.append(text))
         finally:
             self._lock.release()
@@ -432,11 +449,10 @@ class Generator:
 
         An error inside raises GenerationError, which keeps the text so far; a KeyboardInterrupt propagates as it
         is, after the end hook, with the text so far in ``self.last``."""
-        chosen = chosen_adapter(self.adapters, adapter)
+        chosen = self._adapter_index(adapter)
         self._acquire()
         try:
-            self._adapter_next = chosen
-            request = self._request(prompt, max_new_tokens, stop, seed, images, (audio, language, task))
+            request = self._request(prompt, max_new_tokens, stop, seed, images, (audio, language, task), chosen)
             for _ in self._steps(self._begin(request, None)):
                 pass
         finally:
@@ -488,7 +504,8 @@ class Generator:
             limit = max_new_tokens if item.max_new_tokens is None else item.max_new_tokens
             own_seed = seed if item.seed is None else item.seed
             try:
-                requests.append(self._request(item.prompt, limit, shared_stop + item.stop, own_seed))
+                chosen = self._adapter_index(item.adapter)
+                requests.append(self._request(item.prompt, limit, shared_stop + item.stop, own_seed, adapter=chosen))
             except ConfigError as exc:
                 raise ConfigError(f"prompt {index}: {exc}") from None
         if not requests:
@@ -553,6 +570,7 @@ class Generator:
         seed: int | None,
         images: Seq[Any] = (),
         speech: tuple[Any, str | None, str | None] = (None, None, None),
+        adapter: int = 0,
     ) -> _Request:
         """``prompt`` and its limits checked and encoded (ConfigError otherwise): the same for a generation, a
         stream and each prompt of a batch. A vision-language target's images run through its vision encoder here,
@@ -563,7 +581,13 @@ class Generator:
         if audio is not None or (target.encoder is not None and target.encoder.audio is not None):
             heard = speech_request(target, prompt, audio, language=language, task=task)
             return _Request(
-                prompt=prompt, ids=heard.ids, max_new_tokens=max_new_tokens, stop=stop, seed=seed, source=heard.source
+                prompt=prompt,
+                ids=heard.ids,
+                max_new_tokens=max_new_tokens,
+                stop=stop,
+                seed=seed,
+                source=heard.source,
+                adapter=adapter,
             )
         ids = np.asarray(encode_prompt(target.tokenizer, prompt), np.int64)  # a ChatPrompt keeps its ids
         if ids.size == 0:
@@ -586,7 +610,14 @@ class Generator:
         elif images:
             raise no_images(target.name)
         return _Request(
-            prompt=prompt, ids=ids, max_new_tokens=max_new_tokens, stop=stop, seed=seed, source=source, images=features
+            prompt=prompt,
+            ids=ids,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            seed=seed,
+            source=source,
+            images=features,
+            adapter=adapter,
         )
 
     def _begin(self, request: _Request, sink: Callable[[list[int], str], None] | None) -> _Run:
@@ -667,10 +698,8 @@ class Generator:
                     self.prefix_cache.encode(sequence, request.source)
                 else:
                     sequence.encode(request.source)
-        adapter, self._adapter_next = self._adapter_next, None
-        if self.adapters:  # every generation binds its adapter's values, or zeros: none stays from the last
-            bind = host.target.runner._fast.bind_input
-            self._adapter_bound = bind_adapter(bind, self._adapter_slots, adapter)
+        if self.adapters:  # every generation names its LoRA table (0: the base model): none stays from the last
+            host.target.runner.adapter = request.adapter
         if request.images is not None:
             host.target.attach_images(request.images)
         if self.prefix_cache is None:

@@ -15,6 +15,8 @@ collision is a miss, never another prompt's KV. A vision-language prompt's image
 image: from the block holding its first image token on, a key also hashes the features of the prompt's images, so
 two prompts that differ only in their images share the blocks before the first image and nothing after; a copy never
 ends inside an image's run of tokens (a family whose image tokens attend to each other both ways feeds a run whole).
+A row's KV depends on the LoRA adapter it runs too (decoctl.model._adapters): every chain starts from a root of the
+row's adapter table, so the same tokens under two adapters share no block, and the base model's keys are as before.
 
 Exact: ``restore`` never gives the prompt's last token (its logits must be computed, and a prompt whose every block
 is cached still feeds its last block's tail), and what it copies is what a prefill of those tokens left in the
@@ -137,17 +139,20 @@ class PrefixCache:
         return cls(model, int(megabytes * 2**20))
 
     # -- keys ------------------------------------------------------------------------------------------------
-    def _keys(self, ids: np.ndarray, count: int, images: ImageFeatures | None) -> list[tuple[bytes, bytes]]:
+    def _keys(
+        self, ids: np.ndarray, count: int, images: ImageFeatures | None, adapter: int = 0
+    ) -> list[tuple[bytes, bytes]]:
         """(key, tokens) of the first ``count`` whole blocks of ``ids``. A prompt's image tokens are the same ids
         whatever the image, so from the block that holds the first of them on, each key also hashes the features of
-        the prompt's images (``images``); the blocks before it are the images' alike."""
+        the prompt's images (``images``); the blocks before it are the images' alike. ``adapter``: the LoRA table
+        the row runs (0: the base model), which roots the chain."""
         size = self.block_tokens
         data = np.ascontiguousarray(ids[: count * size], np.int64).tobytes()
         step = size * 8
         first, digest = self._first_image(ids), b""
         if first is not None:
             digest = _digest(images)
-        keys, parent = [], _ROOT
+        keys, parent = [], _ROOT if not adapter else _ROOT + b"/lora/" + str(adapter).encode()
         for i in range(count):
             tokens = data[i * step : (i + 1) * step]
             seen = first is not None and (i + 1) * size > first
@@ -191,7 +196,7 @@ class PrefixCache:
         with self._lock:
             self._lookups += 1
             found: list[tuple[bytes, _Block]] = []
-            for key, tokens in self._keys(ids, count, images):
+            for key, tokens in self._keys(ids, count, images, sequence.runner.adapter):
                 block = self._blocks.get(key)
                 if block is None or block.tokens != tokens:
                     break
@@ -207,14 +212,14 @@ class PrefixCache:
         sequence.adopt_tokens(np.asarray(ids[:length], np.int64), images)
         return length
 
-    def cached(self, ids: np.ndarray, room: int, images: ImageFeatures | None = None) -> int:
-        """How many tokens ``restore`` would give ``ids`` (with ``images``, its image tokens' features) now, into a
-        row of ``room`` reusable positions (touches nothing)."""
+    def cached(self, ids: np.ndarray, room: int, images: ImageFeatures | None = None, adapter: int = 0) -> int:
+        """How many tokens ``restore`` would give ``ids`` (with ``images``, its image tokens' features; under LoRA
+        table ``adapter``) now, into a row of ``room`` reusable positions (touches nothing)."""
         cap = min(len(ids) - 1, room)
         count = self._whole_images(ids, max(cap, 0) // self.block_tokens)
         with self._lock:
             found = 0
-            for key, tokens in self._keys(ids, count, images):
+            for key, tokens in self._keys(ids, count, images, adapter):
                 block = self._blocks.get(key)
                 if block is None or block.tokens != tokens:
                     break
@@ -237,7 +242,7 @@ class PrefixCache:
         if count == 0:
             return 0
         tokens = np.asarray(sequence.tokens)
-        keys = self._keys(tokens, count, sequence.images)
+        keys = self._keys(tokens, count, sequence.images, sequence.runner.adapter)
         with self._lock:
             have = 0
             while have < count and keys[have][0] in self._blocks:

@@ -146,6 +146,7 @@ class Rows:
 
     def _copy_into(self, source: int, destination: int, sequence: Sequence) -> None:
         """Row ``destination``'s sequence takes row ``source``'s tokens and KV cache (fork, copy)."""
+        sequence.runner.adapter = self[source].runner.adapter  # a copy runs its source's LoRA adapter
         if self._kv is None:
             sequence.copy_row_from(self[source])
         else:
@@ -186,12 +187,15 @@ class Rows:
             sequence.check_batchable("reorder()")
         tokens = [source.tokens.copy() for source in sources]
         images = [source.images for source in sources]
+        adapters = [source.runner.adapter for source in sources]  # each row continues its parent's LoRA adapter
         if self._kv is None:
             self._hand_round(order.tolist(), tokens)
-            return
-        self._kv.gather_rows(order)
-        for sequence, kept, held in zip(rows, tokens, images, strict=True):
-            sequence.adopt_tokens(kept, held)
+        else:
+            self._kv.gather_rows(order)
+            for sequence, kept, held in zip(rows, tokens, images, strict=True):
+                sequence.adopt_tokens(kept, held)
+        for i, adapter in enumerate(adapters):
+            self[i].runner.adapter = adapter
 
     def _hand_round(self, parents: list[int], tokens: list[np.ndarray]) -> None:
         """reorder() where each row keeps a cache of its own, by handing runners round: a parent among rows 0..k-1
@@ -258,7 +262,11 @@ class Rows:
             positions = lengths.copy()
             for index, sequence in zip(ids, sequences, strict=True):
                 positions[index] = sequence.runner.next_position()
-        outputs = self._step.run(every, lengths, positions)
+        if self.model.adapters is None:
+            outputs = self._step.run(every, lengths, positions)
+        else:  # each row's LoRA table (a row not stepped: any, its output is ignored)
+            adapters = np.array([r.runner.adapter if r is not None else 0 for r in self._rows[:span]], np.int64)
+            outputs = self._step.run(every, lengths, positions, adapters)
         self._kv.after_step(span, stepped)
         seconds = time.perf_counter() - begin
         for row, sequence, token in zip(ids, sequences, fed, strict=True):

@@ -16,8 +16,9 @@ adds exactly nothing, so no adapter's values stay behind.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from collections.abc import Sequence as Seq
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -26,7 +27,21 @@ import onnxruntime as ort
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
 
-__all__ = ["Adapter", "adapter_slots", "bind_adapter", "check_adapter", "read_adapter", "write_adapter"]
+if TYPE_CHECKING:
+    from decoctl.model._loader import LoadedModel
+    from decoctl.model.graph._lora_stacks import Stacked
+
+__all__ = [
+    "Adapter",
+    "AdapterTable",
+    "adapter_slots",
+    "bind_adapter",
+    "check_adapter",
+    "read_adapter",
+    "split_model_name",
+    "with_adapters",
+    "write_adapter",
+]
 
 log = get_logger(__name__)
 
@@ -144,3 +159,96 @@ def chosen_adapter(adapters: Mapping[str, Adapter], name: str | None) -> Adapter
             "Generator(adapters={name: path}) or --adapter NAME=FILE.onnx_adapter"
         )
     return adapters[name]
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class AdapterTable:
+    """A model's LoRA slots in the stacked form (decoctl.model.graph._lora_stacks): each slot's values for every
+    loaded adapter in one table, ``stacks[slot]`` [1 + len(names), in, rank] (A) or [1 + len(names), rank, out] (B),
+    table 0 zeros (the base model) and table i + 1 adapter ``names[i]``, every rank zero-padded to the largest. Every
+    Runner and batched step of the model binds the stacks once and feeds each row's table index in ``index_input``
+    (int64[batch]) per Run."""
+
+    index_input: str
+    slots: Mapping[str, Slot]
+    names: tuple[str, ...] = ()
+    stacks: Mapping[str, np.ndarray] = attrs.field(factory=dict)
+
+    @classmethod
+    def base(cls, stacked: Stacked) -> AdapterTable:
+        """The table of a freshly stacked model: table 0 (zeros, rank 1) only."""
+        slots = {s.name: Slot(name=s.name, dtype=np.dtype(s.dtype), shape=s.shape) for s in stacked.slots}
+        return cls(index_input=stacked.index, slots=slots).with_adapters([])
+
+    def with_adapters(self, adapters: Seq[Adapter]) -> AdapterTable:
+        """This model's table holding ``adapters`` (each checked against the slots before), in that order."""
+        axes = {key: _rank_axis(slot) for key, slot in self.slots.items()}
+        free = [v.shape[axes[k]] for a in adapters for k, v in a.parameters.items() if axes[k] >= 0]
+        rank = max([1, *free])
+        stacks = {}
+        for key, slot in self.slots.items():
+            dims = [d if isinstance(d, int) else rank for d in slot.shape]
+            table = np.zeros([1 + len(adapters), *dims], slot.dtype)
+            for i, adapter in enumerate(adapters, start=1):
+                value = adapter.parameters.get(key)
+                if value is not None:  # a slot the adapter leaves stays zero; a smaller rank is zero-padded
+                    rows, columns = value.shape
+                    table[i, :rows, :columns] = value
+            stacks[key] = table
+        return AdapterTable(
+            index_input=self.index_input, slots=self.slots, names=tuple(a.name for a in adapters), stacks=stacks
+        )
+
+    def index(self, name: str | None) -> int:
+        """The table of adapter ``name`` (0: None, the base model), or ConfigError naming those loaded."""
+        if name is None:
+            return 0
+        if name not in self.names:
+            raise ConfigError(
+                f"adapter {name!r} is not loaded (loaded: {list(self.names) or 'none'}): load it with "
+                "Generator(adapters={name: path}) or --adapter NAME=FILE.onnx_adapter"
+            )
+        return 1 + self.names.index(name)
+
+    def bind(self, bind: Callable[[str, type, list[int], int], None]) -> None:
+        """Bind every stack through ``bind(name, dtype, shape, pointer)`` (the arrays live as long as the table)."""
+        for key, table in self.stacks.items():
+            bind(key, table.dtype.type, list(table.shape), table.ctypes.data)
+
+
+def _rank_axis(slot: Slot) -> int:
+    """The axis of a slot's free rank (A: 1, B: 0), or -1 where both its sizes are fixed."""
+    return next((i for i, d in enumerate(slot.shape) if not isinstance(d, int)), -1)
+
+
+def split_model_name(name: str, served: str) -> tuple[str, str | None]:
+    """A request's model name as (base, adapter): ``"base:sql"`` -> ("base", "sql"), ``"base"`` -> ("base", None);
+    a name that does not start with ``served`` and a colon is kept whole."""
+    if name.startswith(served + ":"):
+        return served, name[len(served) + 1 :]
+    return name, None
+
+
+def with_adapters(model: LoadedModel, given: Mapping[str, str | Path | Adapter]) -> LoadedModel:
+    """``model`` (loaded with ``lora_stacks=True``) holding the adapters ``given`` (name -> an ``.onnx_adapter`` file or
+    an Adapter), each read and checked against its slots (ModelLoadError naming what does not fit), in tables 1..
+    in the order given; it shares ``model``'s session."""
+    if model.adapters is None:
+        raise ModelLoadError(
+            f"model {model.name} was loaded with its LoRA slots as exported: load it with "
+            "load_model(..., lora_stacks=True) to hold adapters"
+        )
+    other = "a split export's prefill graph" if model.prefill is not None else None
+    other = "an encoder-decoder model's first-pass decoder" if model.encoder is not None else other
+    if other is not None:  # a graph of its own that runs the prompt, whose slots are not stacked
+        raise ModelLoadError(
+            f"model {model.name} runs prompts through {other}, which takes no adapter: load adapters on a "
+            "decoder-only model exported as one graph (docs/ADAPTERS.md)"
+        )
+    adapters = []
+    for name, source in given.items():
+        adapter = source if isinstance(source, Adapter) else read_adapter(source, name=name)
+        check_adapter(adapter, model.adapters.slots, model.name)
+        adapters.append(attrs.evolve(adapter, name=name))
+    log.debug("decoctl.adapters_loaded", model=model.name, adapters=[a.name for a in adapters])
+    return attrs.evolve(model, adapters=model.adapters.with_adapters(adapters))

@@ -46,12 +46,25 @@ class BatchStep:
             if caps.aux_hidden_states and caps.aux_hidden_size
             else None
         )
+        # stacked LoRA slots (decoctl.model._adapters): the tables bound once, each row's table index per Run
+        self._adapters = np.zeros(capacity, np.int64)
+        if model.adapters is not None:
+            model.adapters.bind(
+                lambda name, dtype, shape, at: self._binding.bind_input(name, "cpu", 0, dtype, shape, at)
+            )
 
-    def run(self, tokens: np.ndarray, lengths: np.ndarray, positions: np.ndarray | None = None) -> RunOutputs:
+    def run(
+        self,
+        tokens: np.ndarray,
+        lengths: np.ndarray,
+        positions: np.ndarray | None = None,
+        adapters: np.ndarray | None = None,
+    ) -> RunOutputs:
         """Feed ``tokens[r]`` (int64[k]) after ``lengths[r]`` cached positions of row r, for r in 0..k-1, in one Run.
         Every row's key and value land at its own length; the caller advances only the rows it stepped.
         ``positions`` (int64[k]): each row's rotary position where it is not its length (an M-RoPE row whose prompt
-        held images: decoctl.model._qwen_vl), on every axis the graph's position_ids has."""
+        held images: decoctl.model._qwen_vl), on every axis the graph's position_ids has. ``adapters`` (int64[k]):
+        each row's LoRA table, on a model whose slots are stacked (0: the base model)."""
         spec, caps = self.model.spec, self.model.capabilities
         k = len(tokens)
         total = int(lengths.max()) + 1
@@ -91,6 +104,9 @@ class BatchStep:
                 block = buffer[: k * total].reshape(k, total)
                 block[:] = np.where(np.arange(total)[None, :] < cut, np.float32(-np.inf), np.float32(0.0))
                 binding.bind_input(window.name, "cpu", 0, np.float32, shape, buffer.ctypes.data)
+        if self.model.adapters is not None:
+            self._adapters[:k] = 0 if adapters is None else adapters
+            binding.bind_input(self.model.adapters.index_input, "cpu", 0, np.int64, [k], self._adapters.ctypes.data)
         self.rows.bind(binding, k)
         vocab = spec.vocab_size
         binding.bind_output(spec.logits_name, "cpu", 0, np.float32, [k, 1, vocab], self._logits.ctypes.data)

@@ -17,6 +17,7 @@ from decoctl.model import _huge_pages as pages
 from decoctl.model import _kv_layout as kv_layout
 from decoctl.model import _lowering as lowering
 from decoctl.model import _pipeline as pipelines
+from decoctl.model._adapters import AdapterTable
 from decoctl.model._capabilities import ATTENTION_BIAS, Capabilities
 from decoctl.model._encoder_decoder import Encoder
 from decoctl.model._kv_cache import kv_dtype, kv_shape
@@ -29,6 +30,7 @@ from decoctl.model._tokenizer import Tokenizer
 from decoctl.model._vision import VisionParts
 from decoctl.model.graph import _fed_lengths as fed_lengths
 from decoctl.model.graph import _logit_rows as logit_rows
+from decoctl.model.graph import _lora_stacks as lora_graph
 from decoctl.model.graph import _protowire as protowire
 from decoctl.model.graph import _window_bias as window_bias
 
@@ -90,6 +92,8 @@ class LoadedModel:
     prefill: PrefillGraph | None = None
     #: the execution provider its sessions run on (decoctl.model._providers)
     provider: Provider = CPU
+    #: the LoRA slots in the stacked form and the adapters loaded in them (decoctl.model._adapters); None: as exported
+    adapters: AdapterTable | None = None
     #: the pipeline description it runs (its pipeline.json or the preset its config implies), as lowered at load
     pipeline: pipelines.Pipeline | None = None
     #: hidden-state taps the decoder gives that a controller cannot read on every forward: capability -> why and
@@ -106,6 +110,7 @@ def load_model(
     huge_pages: bool = False,
     ring_slack: int = DEFAULT_SLACK,
     provider: str | Provider = CPU,
+    lora_stacks: bool = False,
 ) -> LoadedModel:
     """Load a model folder in the onnxruntime-genai or Optimum layout.
 
@@ -123,6 +128,8 @@ def load_model(
         the rewinds and the size of the trees that stay exact there (decoctl.model._ring_cache).
     :param provider: the execution provider and its options, ``"openvino"`` or ``"openvino:device_type=CPU"`` or a
         Provider (decoctl.model._providers; default CPU); one this onnxruntime lacks is refused with its package.
+    :param lora_stacks: take the LoRA slots in the stacked form, so that rows of different adapters share one Run
+        (decoctl.model.graph._lora_stacks; ``adapters`` then holds table 0, the base model); off, the graph as it is.
     """
     spec = ModelSpec.from_folder(path)
     provider = Provider.parse(provider)
@@ -137,6 +144,11 @@ def load_model(
     windowed = _window_in_bias(spec, source, ring_slack) if source is not None else None
     graph = windowed.model if windowed else rewritten.model if rewritten else None
     graph = _with_logits_from(spec, graph if graph is not None else source, provider) or graph
+    # LoRA slots as stacked tables with a per-row index: rows of different adapters in one Run (docs/ADAPTERS.md)
+    stacked = (
+        lora_graph.rewrite(graph or source or _graph_bytes(spec) or b"", str(spec.onnx_file)) if lora_stacks else None
+    )
+    graph = stacked.model if stacked else graph
     rings = _ring_layers(spec, source, windowed, ring_slack)
     # what the folder runs: its pipeline.json, or the preset its config implies (decoctl.model._lowering)
     description = lowering.description_of(spec)
@@ -173,6 +185,7 @@ def load_model(
         provider=provider,
         pipeline=description,
         tap_gaps=lowered.tap_gaps,
+        adapters=AdapterTable.base(stacked) if stacked else None,
     )
     log.debug(
         "decoctl.model_loaded",

@@ -229,6 +229,11 @@ class Runner:
             pointer = self._lengths.ctypes.data
             self._fast.bind_input(caps.fed_lengths.seqlens_k, np.int32, [1], pointer)
             self._fast.bind_input(caps.fed_lengths.total_sequence_length, np.int32, [], pointer + 4)
+        # a model with stacked LoRA slots (decoctl.model._adapters): the tables bound once, this row's index per Run
+        self._adapter = np.zeros(1, np.int64)
+        if model.adapters is not None:
+            model.adapters.bind(self._fast.bind_input)
+            self._fast.bind_input(model.adapters.index_input, np.int64, [1], self._adapter.ctypes.data)
         # the first position whose logits a run computes (decoctl.model.graph._logit_rows), bound once, rewritten
         # before every run: 0 (every row) but where the caller wants the last row only
         self._logits_from = np.zeros(1, np.int64)
@@ -273,6 +278,21 @@ class Runner:
     @property
     def length(self) -> int:
         return self.kv.length
+
+    @property
+    def adapter(self) -> int:
+        """The table of the model's stacked LoRA slots this row runs (0: the base model; decoctl.model._adapters)."""
+        return int(self._adapter[0])
+
+    @adapter.setter
+    def adapter(self, index: int) -> None:
+        tables = self.model.adapters
+        if index and (tables is None or not 0 <= index <= len(tables.names)):
+            raise SequenceError(
+                f"adapter table {index} is not one of model {self.model.name}'s "
+                f"({0 if tables is None else len(tables.names)} adapters loaded): pick a loaded adapter"
+            )
+        self._adapter[0] = index
 
     def run(
         self,

@@ -71,6 +71,8 @@ REPLICA_ARGS: dict[str, tuple[type, Any]] = {
     "tool_parser": (str, None),
     #: the execution provider of every role, as one --provider value ("openvino:num_of_threads=1", "draft=cpu")
     "provider": (str, None),
+    #: LoRA adapters of the target, name -> .onnx_adapter file (each replica loads them; requests name BASE:NAME)
+    "adapters": (dict, None),
 }
 #: build_app's arguments about the deployment rather than a replica
 DEPLOYMENT_ARGS: dict[str, tuple[type, Any]] = {
@@ -99,6 +101,7 @@ class Replica:
             no_huge_pages=not config.get("huge_pages"),
             lazy_weights=not config.get("resident_weights", True),
             provider=[config["provider"]] if config.get("provider") else [],
+            adapter=[f"{name}={path}" for name, path in (config.get("adapters") or {}).items()],
         )
         models = load_roles(flags, registry)
         self.engine = Engine(
@@ -324,6 +327,10 @@ def run_replicas(args: argparse.Namespace, registry: PluginRegistry) -> int:
             max_images=args.max_images,
             max_image_pixels=args.max_image_pixels,
             tool_parser=args.tool_parser,
+            # each replica reads the adapter files itself: absolute paths, as the nodes share a file system
+            adapters={k: os.path.abspath(v) for k, v in (a.split("=", 1) for a in args.adapter)}
+            if getattr(args, "adapter", None)
+            else None,
             replicas=replicas,
             autoscaling=autoscaling,
         )

@@ -79,7 +79,9 @@ def create_app(
     (uploads of at most ``max_audio_bytes``, audio of at most ``max_audio_seconds``) and answers the generating
     endpoints with a 400 naming it; over an engine, the other way round."""
     metrics = Metrics(engine)
-    edge = Edge(model_name=model_name, api_key=api_key, body_seconds=body_seconds)
+    tables = getattr(getattr(engine, "models", {}).get("target"), "adapters", None)  # LoRA adapters beside the model
+    adapters = tables.names if tables is not None else ()
+    edge = Edge(model_name=model_name, api_key=api_key, body_seconds=body_seconds, adapters=adapters)
     if isinstance(engine, Transcriber):
         speech = Transcriptions(
             engine,
@@ -168,27 +170,27 @@ class _Service:
         self._chat_template = chat_template
         self._created = int(time.time())
 
-    def _entry(self) -> dict[str, Any]:
+    def _entry(self, name: str) -> dict[str, Any]:
         about = {
             "roles": sorted(self.engine.models),
             "controllers": sorted(self.engine.registry.controllers()),
             "chat_template": self._chat_template,
         }
-        name = self.edge.model_name
+        if name != self.edge.model_name:  # a LoRA adapter loaded beside the base model (docs/ADAPTERS.md)
+            about["adapter"] = name[len(self.edge.model_name) + 1 :]
         return {"id": name, "object": "model", "created": self._created, "owned_by": "decoctl", "decoctl": about}
 
     async def models(self, request: Request) -> Response:
         self.edge.authorise(request)
-        return JSONResponse({"object": "list", "data": [self._entry()]})
+        return JSONResponse({"object": "list", "data": [self._entry(name) for name in self.edge.served]})
 
     async def model(self, request: Request) -> Response:
         self.edge.authorise(request)
-        name, served = request.path_params["name"], self.edge.model_name
-        if name != served:
-            raise Refusal(
-                404, f"model {name!r} is not served here: this server serves {served!r}", code="model_not_found"
-            )
-        return JSONResponse(self._entry())
+        name, served = request.path_params["name"], self.edge.served
+        if name not in served:
+            shown = served if len(served) > 1 else repr(served[0])
+            raise Refusal(404, f"model {name!r} is not served here: this server serves {shown}", code="model_not_found")
+        return JSONResponse(self._entry(name))
 
     async def health(self, request: Request) -> Response:
         """200 while the engine runs and takes requests; 503 once it failed (``error`` says why), while it drains

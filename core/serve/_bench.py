@@ -263,6 +263,11 @@ def add_bench_serve_parser(commands: Any) -> None:
         default=4000,
         help="the shared-system workload's system prompt in characters (default 4000: about 1,000 tokens of code)",
     )
+    bench.add_argument(
+        "--models",
+        help="the model names requests give, round-robin (base:sql,base:doc: a server's LoRA adapters, "
+        "docs/ADAPTERS.md); default: the first the server's /v1/models lists",
+    )
     bench.add_argument("--json", help="write the levels to this file")
 
 
@@ -274,12 +279,16 @@ def run_bench_serve(args: argparse.Namespace, registry: Any = None) -> int:
     if not levels or min(levels) < 1:
         raise ConfigError(f"--concurrency {args.concurrency}: give client counts from 1 up, e.g. 1,4,16")
     controllers = [_controller(part.strip()) for part in args.controllers.split(",") if part.strip()]
+    spread = [part.strip() for part in (getattr(args, "models", None) or "").split(",") if part.strip()]
+    if len(spread) > 1 and args.workload == "chat":
+        raise ConfigError(f"--models {args.models}: the chat workload's conversations take one model; give one name")
     results: list[Level] = []
     print(f"{'server':<16} {'controller':<36} {'C':>3} {'tok/s':>9} {'TTFT p50/p99 s':>17} {'ITL p50/p99 ms':>17}")
     for given in args.url:
         name, sep, url = given.partition("=")
         name, url = (name, url) if sep and "://" not in name else (given, given)
         model, is_decoctl = _served(url, args.api_key)
+        names = spread or [model]
         for controller, options in controllers if is_decoctl else [("greedy", {})]:
             label = controller + "".join(f":{k}={v}" for k, v in options.items())
             for concurrency in levels:
@@ -291,7 +300,7 @@ def run_bench_serve(args: argparse.Namespace, registry: Any = None) -> int:
                         url,
                         chat_questions(prompts, count),
                         concurrency,
-                        model=model,
+                        model=names[0],
                         max_tokens=args.max_tokens,
                         extra=extra,
                         api_key=args.api_key,
@@ -306,7 +315,7 @@ def run_bench_serve(args: argparse.Namespace, registry: Any = None) -> int:
                     )
                     bodies = [
                         {
-                            "model": model,
+                            "model": names[number % len(names)],
                             "prompt": texts[number % len(texts)],
                             "max_tokens": args.max_tokens,
                             "temperature": 0,

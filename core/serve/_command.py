@@ -104,6 +104,14 @@ def add_serve_parsers(commands: Any) -> None:
     )
     serve.add_argument("--name", help="the model id clients send (default: the model's name)")
     serve.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="NAME=FILE.onnx_adapter",
+        help="a LoRA adapter of the target (repeatable): requests name it as model BASE:NAME, and rows of different "
+        "adapters decode in one batched Run (docs/ADAPTERS.md)",
+    )
+    serve.add_argument(
         "--max-images",
         type=int,
         default=MAX_IMAGES,
@@ -164,6 +172,7 @@ def add_serve_parsers(commands: Any) -> None:
 
 def load_roles(args: argparse.Namespace, registry: PluginRegistry) -> dict[str, Any]:
     """The models the command's flags name, loaded: the target, its bundle's other roles, --draft and --role."""
+    from decoctl.model._adapters import with_adapters
     from decoctl.model._loader import load_model
     from decoctl.model._providers import providers_by_role
     from decoctl.plugins import resolve_model
@@ -179,9 +188,11 @@ def load_roles(args: argparse.Namespace, registry: PluginRegistry) -> dict[str, 
     references.update(_key_values(args.role, "--role"))
     huge = not args.no_huge_pages
     providers = providers_by_role(args.provider or None, ["target", *references])
-    models = {
-        "target": load_model(path, name=name, threads=args.threads, huge_pages=huge, provider=providers["target"])
-    }
+    adapters = _key_values(getattr(args, "adapter", None) or [], "--adapter")
+    target = load_model(
+        path, name=name, threads=args.threads, huge_pages=huge, provider=providers["target"], lora_stacks=bool(adapters)
+    )
+    models = {"target": with_adapters(target, adapters) if adapters else target}
     for role, reference in references.items():
         role_name, role_path = resolve_model(reference, registry)
         models[role] = load_model(

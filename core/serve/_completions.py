@@ -225,6 +225,7 @@ class Completions:
                 processors=tables or None,
                 logprobs=logprobs,
                 images=images,
+                adapter=self.edge.adapter_index(body.model),
             )
             for ids in prompts
         ]

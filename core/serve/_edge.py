@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import pydantic
 from starlette.requests import Request
 
+from decoctl.model._adapters import split_model_name
 from decoctl.serve._protocol import ChatRequest, CompletionRequest, error_body, validation_message
 
 __all__ = ["BODY_SECONDS", "MAX_BODY_BYTES", "MAX_JSON_DEPTH", "Edge", "Refusal", "image_bytes"]
@@ -44,10 +45,18 @@ class Refusal(Exception):
 class Edge:
     """Authorises requests (``api_key``: a bearer token, None for none) and reads their bodies: at most
     ``MAX_BODY_BYTES`` within ``body_seconds``, JSON nested at most ``MAX_JSON_DEPTH`` deep, of the shape asked for
-    and naming ``model_name``."""
+    and naming ``model_name``, or ``model_name:ADAPTER`` for one of the LoRA ``adapters`` loaded beside it."""
 
-    def __init__(self, *, model_name: str, api_key: str | None, body_seconds: float = BODY_SECONDS) -> None:
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        api_key: str | None,
+        body_seconds: float = BODY_SECONDS,
+        adapters: tuple[str, ...] = (),
+    ) -> None:
         self.model_name = model_name
+        self.adapters = adapters
         self._api_key = api_key
         self._body_seconds = body_seconds
 
@@ -93,13 +102,36 @@ class Edge:
         except pydantic.ValidationError as exc:
             message, param = validation_message(exc)
             raise Refusal(400, message, param=param) from None
-        if value.model != self.model_name:
+        self.adapter_index(value.model)
+        return value
+
+    @property
+    def served(self) -> list[str]:
+        """The model names requests may give: the base model's, then ``base:ADAPTER`` for each adapter loaded."""
+        return [self.model_name, *(f"{self.model_name}:{name}" for name in self.adapters)]
+
+    def adapter_index(self, model: str) -> int:
+        """The LoRA table a request's ``model`` names (0: the base model; decoctl.model._adapters); Refusal where it
+        names another model (404) or an adapter not loaded here (400, naming those loaded)."""
+        base, adapter = split_model_name(model, self.model_name)
+        if base != self.model_name:
             raise Refusal(
                 404,
-                f"model {value.model!r} is not served here: this server serves {self.model_name!r}",
+                f"model {model!r} is not served here: this server serves "
+                f"{self.served if self.adapters else repr(self.model_name)}",
                 code="model_not_found",
             )
-        return value
+        if adapter is None:
+            return 0
+        if adapter not in self.adapters:
+            raise Refusal(
+                400,
+                f"adapter {adapter!r} is not loaded here (loaded: {list(self.adapters) or 'none'}): name the model "
+                f"{self.model_name!r} or one of {self.served[1:] or 'its adapters (decoctl serve --adapter)'}",
+                param="model",
+                code="model_not_found",
+            )
+        return 1 + self.adapters.index(adapter)
 
 
 def _depth(value: Any) -> int:

@@ -144,7 +144,7 @@ class Executor:
         if self.prefix_cache is None:
             return 0
         ids, room = np.asarray(handle.request.ids, np.int64), reuse_limit(self.rows[0].runner.kv)
-        return self.prefix_cache.cached(ids, room, handle.request.images)
+        return self.prefix_cache.cached(ids, room, handle.request.images, handle.request.adapter)
 
     def open(self, handle: Handle, index: int, row: int, *, cached: int = 0) -> Completion:
         """Completion ``index`` of ``handle`` on free row ``row``: its host, logits chain and controller (its prompt
@@ -153,6 +153,8 @@ class Executor:
         target = self.rows[row]
         target.rewind(0)
         target.stats = SequenceStats()
+        if self.models["target"].adapters is not None:  # the row runs the request's LoRA table (0: the base model)
+            target.runner.adapter = request.adapter
         roles: dict[str, Sequence] = {"target": target}
         for role in plan.roles:
             if role != "target":

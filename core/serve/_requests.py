@@ -64,6 +64,8 @@ class EngineRequest:
     #: a vision-language target's image features for the prompt's image tokens (decoctl.model._vision), in order;
     #: ``ids`` holds each image's tokens already expanded
     images: ImageFeatures | None = None
+    #: the table of the target's stacked LoRA slots the request runs (0: the base model; decoctl.model._adapters)
+    adapter: int = 0
 
 
 @attrs.frozen(kw_only=True)

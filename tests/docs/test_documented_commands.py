@@ -715,6 +715,14 @@ NOT_RUN: dict[str, str] = {
     'decoctl generate "def f(x):" --model BASE_FOLDER --adapter sql=sql.onnx_adapter': PLACEHOLDER.format(
         "base model with LoRA slots and adapter file"
     ),
+    "decoctl serve -m BASE_FOLDER --name base --adapter sql=sql.onnx_adapter --adapter doc=doc.onnx_adapter": (
+        PLACEHOLDER.format("base model with LoRA slots and adapter files")
+    ),
+    "decoctl bench-serve --url lora=http://127.0.0.1:8000 --concurrency 16 --requests 64 --models "
+    "base:a1,base:a2,base:a3,base:a4": PLACEHOLDER.format("server with four adapters loaded"),
+    "decoctl bench-serve --url base=http://127.0.0.1:8001 --concurrency 16 --requests 64": PLACEHOLDER.format(
+        "server of the base model alone"
+    ),
     "make dist": "builds every sdist and wheel: make test builds and installs them (make test-installed)",
     "python3.11 -m venv ~/decoctl-env && ~/decoctl-env/bin/pip install dist/*.whl": INSTALL,
     "pip install -e '.[ort-genai,bench]'": INSTALL,
