@@ -67,6 +67,8 @@ class _Submitted:
     started: float
     controller: str
     choices: int
+    #: the model name the request gave (the base model's, or ``base:ADAPTER``), which its answer names
+    model: str = ""
 
     def cancel(self) -> None:
         for handle in self.handles:
@@ -260,6 +262,7 @@ class Completions:
             started=time.perf_counter(),
             controller=handles[0].plan.spec.name,
             choices=len(prompts) * body.n,
+            model=body.model,
         )
 
     async def _events(self, submitted: _Submitted, request: Request) -> AsyncIterator[tuple[int, Any]]:
@@ -342,7 +345,7 @@ class Completions:
             logprobs=[item.logprobs for item in choices] if logprobs is not None else None,
             id=ident,
             created=int(time.time()),
-            model=self.model_name,
+            model=submitted.model or self.model_name,
             usage=self.answers.usage(finished, prompts),
             decoctl=self.answers.stats(finished, submitted.controller),
         )
@@ -360,7 +363,7 @@ class Completions:
         include_usage: bool,
         tools: ToolPlan | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
-        common = {"id": ident, "created": int(time.time()), "model": self.model_name}
+        common = {"id": ident, "created": int(time.time()), "model": submitted.model or self.model_name}
         answers = self.answers
         calls = None
         if tools is not None and tools.reads_calls:

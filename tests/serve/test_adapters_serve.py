@@ -112,6 +112,15 @@ def test_16_concurrent_requests_over_4_adapters_and_the_base_model_equal_their_o
     assert lora_live.engine.batched_runs > before  # type: ignore[attr-defined]
 
 
+def test_an_answer_names_the_model_its_request_named(lora_client: Any) -> None:
+    answer = lora_client.completions.create(model=f"{BASE}:a2", prompt="x = 1", max_tokens=2, temperature=0)
+    assert answer.model == f"{BASE}:a2"
+    chunks = lora_client.completions.create(
+        model=f"{BASE}:a3", prompt="x = 1", max_tokens=2, temperature=0, stream=True
+    )
+    assert {chunk.model for chunk in chunks} == {f"{BASE}:a3"}
+
+
 def test_switching_adapters_between_requests_leaves_no_state_behind(lora_client: Any, offline: Generator) -> None:
     for number in (1, 0, 2, 1, 4, 0, 3):  # a1, base, a2, a1, a4, base, a3: one after another on the same rows
         answer = lora_client.completions.create(
