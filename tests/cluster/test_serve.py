@@ -233,6 +233,15 @@ def test_build_app_gives_each_replica_the_deterministic_mode_and_the_image_limit
         build_app({"model": MODEL, "max_images": "0"})
 
 
+def test_build_app_gives_each_replica_the_lora_adapters_named() -> None:
+    pytest.importorskip("ray")
+    from decoctl.ray._serve import build_app
+
+    app = build_app({"model": MODEL, "adapters": '{"sql": "/adapters/sql.onnx_adapter"}'})
+    (config,) = app._bound_deployment.init_args  # each Replica loads them: decoctl serve --adapter sql=...
+    assert config["adapters"] == {"sql": "/adapters/sql.onnx_adapter"}
+
+
 def test_build_app_passes_an_autoscaling_config_through_instead_of_a_replica_count() -> None:
     pytest.importorskip("ray")
     from decoctl.ray._serve import build_app
