@@ -88,6 +88,11 @@ class Stacked:
 def rewrite(model: bytes, where: str) -> Stacked:
     """The graph with its LoRA slots stacked and a ``lora_index`` input (module docstring); ModelLoadError naming
     ``where`` and the slot where a graph has no slots or uses one in a way a per-row table cannot follow."""
+    if not model:  # the loader reads graph files up to its in-memory limit only
+        raise ModelLoadError(
+            f"{where} is too large to rewrite in memory (its weights inside the graph file), so its LoRA slots cannot "
+            "be stacked: export it with its weights in an external data file, as onnxruntime-genai's builder does"
+        )
     model_fields = list(pw.fields(model))
     graphs = [f for f in model_fields if f.number == MODEL_GRAPH]
     if len(graphs) != 1:
