@@ -74,8 +74,8 @@ def populate(folder: str | Path) -> ResidentReport | None:
     total = 0
     for start, end, _ in mappings:
         if libc.madvise(start, end - start, MADV_POPULATE_READ) != 0:  # a kernel older than 5.14: read a byte a page
-            pages = np.frombuffer((ctypes.c_ubyte * (end - start)).from_address(start), np.uint8)[::PAGE]
-            int(pages.sum(dtype=np.uint64))
+            view = memoryview((ctypes.c_ubyte * (end - start)).from_address(start)).cast("B")
+            int(np.frombuffer(view, np.uint8)[::PAGE].sum(dtype=np.uint64))
         total += end - start
     report = ResidentReport(mappings=len(mappings), bytes=total, seconds=time.perf_counter() - started)
     log.debug(
