@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from decoctl.generation._chat_template import CHAT_TEMPLATE_FILE, ChatPrompt, ChatTemplate, encode_prompt
     from decoctl.generation._generator import Generator, generate, stream
     from decoctl.generation._results import Completion, GenerationResult, GenerationStats
-    from decoctl.generation._speech import Transcription, transcribe
+    from decoctl.generation._speech import Segment, Transcription, detect_language, transcribe
     from decoctl.generation._tool_answers import ParsedAnswer, ToolCall, parse_answer
     from decoctl.generation._tool_formats import TOOL_FORMATS, ToolFormat, tool_format_for
     from decoctl.generation._tool_grammar import tool_grammar
@@ -59,7 +59,7 @@ _EXPORTS = {
     **dict.fromkeys(("ParsedAnswer", "ToolCall", "parse_answer"), "decoctl.generation._tool_answers"),
     **dict.fromkeys(("TOOL_FORMATS", "ToolFormat", "tool_format_for"), "decoctl.generation._tool_formats"),
     "tool_grammar": "decoctl.generation._tool_grammar",
-    **dict.fromkeys(("Transcription", "transcribe"), "decoctl.generation._speech"),
+    **dict.fromkeys(("Segment", "Transcription", "detect_language", "transcribe"), "decoctl.generation._speech"),
 }
 
 __all__ = [
@@ -75,9 +75,11 @@ __all__ = [
     "GenerationStats",
     "Generator",
     "ParsedAnswer",
+    "Segment",
     "ToolCall",
     "ToolFormat",
     "Transcription",
+    "detect_language",
     "encode_prompt",
     "generate",
     "one_at_a_time",

@@ -383,12 +383,14 @@ class Generator:
         audio: Any = None,
         language: str | None = None,
         task: str | None = None,
+        timestamps: bool = False,
     ) -> Iterator[str]:
         """Yield text pieces as they are committed. ``self.last`` holds the GenerationResult afterwards.
         ``images`` (paths, bytes or PIL images): a vision-language target's images, one per image token of the
         prompt, in order. ``audio`` (a PCM WAV path or its bytes, or float32 samples at the model's rate, up to one
         30 s window; the prompt empty): a speech model's input, ``language`` and ``task`` its prompt tokens
-        (longer audio: decoctl.generation.transcribe).
+        (a multilingual model given no language detects it), ``timestamps`` whether it writes timestamp tokens
+        (longer audio, and the timestamps read into segments: decoctl.generation.transcribe).
 
         The generation starts at the first item and runs while the stream is read. On a GenerationError the stream
         first yields what it has not yet given of the error's ``text`` (the pieces always join to it), then raises.
@@ -400,7 +402,9 @@ class Generator:
         chosen = self._adapter_index(adapter)
         self._acquire()
         try:
-            request = self._request(prompt, max_new_tokens, stop, seed, images, (audio, language, task), chosen)
+            request = self._request(
+                prompt, max_new_tokens, stop, seed, images, (audio, language, task, timestamps), chosen
+            )
             run = self._begin(request, lambda _tokens, text: pieces.append(text))
         finally:
             self._lock.release()
@@ -442,17 +446,20 @@ class Generator:
         audio: Any = None,
         language: str | None = None,
         task: str | None = None,
+        timestamps: bool = False,
     ) -> GenerationResult:
         """Run one generation to its end and return its text, tokens and stats. Nothing streams, so the text is
         decoded once at the end (unless stop strings or commit observers need it as it grows). ``images``,
-        ``audio``, ``language`` and ``task``: as :meth:`stream`'s.
+        ``audio``, ``language``, ``task`` and ``timestamps``: as :meth:`stream`'s.
 
         An error inside raises GenerationError, which keeps the text so far; a KeyboardInterrupt propagates as it
         is, after the end hook, with the text so far in ``self.last``."""
         chosen = self._adapter_index(adapter)
         self._acquire()
         try:
-            request = self._request(prompt, max_new_tokens, stop, seed, images, (audio, language, task), chosen)
+            request = self._request(
+                prompt, max_new_tokens, stop, seed, images, (audio, language, task, timestamps), chosen
+            )
             for _ in self._steps(self._begin(request, None)):
                 pass
         finally:
@@ -569,7 +576,7 @@ class Generator:
         stop: Any,
         seed: int | None,
         images: Seq[Any] = (),
-        speech: tuple[Any, str | None, str | None] = (None, None, None),
+        speech: tuple[Any, str | None, str | None, bool] = (None, None, None, False),
         adapter: int = 0,
     ) -> _Request:
         """``prompt`` and its limits checked and encoded (ConfigError otherwise): the same for a generation, a
@@ -577,9 +584,9 @@ class Generator:
         once each, and each image token of the prompt becomes as many as its image gave features."""
         stop = _checked_request(max_new_tokens, stop, seed)
         target = self.models["target"]
-        audio, language, task = speech
+        audio, language, task, timestamps = speech
         if audio is not None or (target.encoder is not None and target.encoder.audio is not None):
-            heard = speech_request(target, prompt, audio, language=language, task=task)
+            heard = speech_request(target, prompt, audio, language=language, task=task, timestamps=timestamps)
             return _Request(
                 prompt=prompt,
                 ids=heard.ids,

@@ -4,7 +4,8 @@ The request is a multipart form, as OpenAI's API takes it: ``file`` (the audio),
 ``language`` (ISO-639-1, "en"), ``prompt``, ``response_format`` (json, text or verbose_json), ``temperature`` (0 to 1)
 and ``timestamp_granularities[]`` (segment). The answer is ``{"text": ...}``, the text alone, or verbose_json's
 ``task``, ``language``, ``duration``, ``text`` and ``segments`` (each with ``id``, ``seek``, ``start``, ``end``,
-``text``, ``tokens`` and ``temperature``; their times come from the model's timestamp tokens).
+``text``, ``tokens`` and ``temperature``; their times come from the model's timestamp tokens: none for a model
+without them). ``language`` is the code given or detected ("en"; OpenAI's API says "english").
 
 Limits, each refused naming itself: the upload at most ``max_audio_bytes`` (413), the audio at most
 ``max_audio_seconds`` (400); the file must be PCM WAV at the model's sampling rate (decoctl does not decode other
@@ -30,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from decoctl.errors import ConfigError
-from decoctl.generation._speech import Transcription, decoder_prompt
+from decoctl.generation._speech import Transcription, decoder_prompt, has_timestamps
 from decoctl.model._audio_features import read_wav
 from decoctl.serve._edge import Edge, Refusal
 from decoctl.serve._metrics import Metrics
@@ -217,11 +218,14 @@ class Transcriptions:
         if not 0.0 <= temperature <= 1.0:
             raise Refusal(400, f"temperature {temperature:g} is out of range: give 0 to 1", param="temperature")
         language = fields.get("language") or None
-        try:
-            decoder_prompt(self.transcriber.models["target"], language=language, task=None)
-        except ConfigError as exc:
-            raise Refusal(400, str(exc), param="language") from None
-        return {"language": language, "temperature": temperature, "timestamps": False}
+        model = self.transcriber.models["target"]
+        if language is not None:  # none: a multilingual model detects it
+            try:
+                decoder_prompt(model, language=language, task=None)
+            except ConfigError as exc:
+                raise Refusal(400, str(exc), param="language") from None
+        timestamps = answer == "verbose_json" and has_timestamps(model)
+        return {"language": language, "temperature": temperature, "timestamps": timestamps}
 
     def _decode(self, upload: UploadFile) -> np.ndarray:
         """The upload's samples (a worker thread's work): PCM WAV at the model's rate, within the limits."""

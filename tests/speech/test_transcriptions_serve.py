@@ -121,6 +121,42 @@ def test_verbose_json_says_the_language_and_duration(served: Served) -> None:
     assert answer.text == _offline(served.folder, audio, language="en").text
     assert answer.language == "en"
     assert answer.duration == pytest.approx(5.0)
+    assert answer.segments == []  # this model's vocabulary has no timestamp tokens
+
+
+def test_without_a_language_the_model_detects_it(served: Served) -> None:
+    t = np.arange(16000 * 3) / 16000
+    tone = _wav((0.3 * np.sin(2 * np.pi * 3000 * t)).astype(np.float32))
+    answer = served.client().audio.transcriptions.create(
+        model=MODEL, file=("tone.wav", tone), response_format="verbose_json"
+    )
+    assert answer.language == "en"
+    assert answer.text == _offline(served.folder, tone).text
+
+
+def test_verbose_json_gives_the_segments_of_offline_transcribe(whisper: Any, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    folder = tmp_path / "stamped"
+    shutil.copytree(whisper.folder("whisper"), folder)
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**config, "no_timestamps_token_id": 300}))
+    live, server, thread = _serve(folder)
+    try:
+        audio = _wav(np.concatenate([_audio(1, 30), _audio(2, 5)]))
+        answer = live.client().audio.transcriptions.create(
+            model=MODEL, file=("a.wav", audio), language="en", response_format="verbose_json"
+        )
+    finally:
+        server.should_exit = True
+        thread.join()
+    expected = _offline(folder, audio, language="en", timestamps=True)
+    assert expected.segments
+    assert answer.text == expected.text
+    got = [(s.start, s.end, s.text, list(s.tokens)) for s in answer.segments]
+    assert got == [(s.start, s.end, s.text, list(s.tokens)) for s in expected.segments]
+    assert [s.seek for s in answer.segments] == [round(s.seek * 100) for s in expected.segments]
 
 
 def _refused(served: Served, status: int, **create: Any) -> str:

@@ -133,11 +133,6 @@ def test_audio_longer_than_a_window_is_refused_naming_transcribe(whisper: Any) -
         _greedy(whisper).generate("", audio=_audio(1, 31), language="en")
 
 
-def test_a_multilingual_model_without_a_language_is_refused(whisper: Any) -> None:
-    with pytest.raises(ConfigError, match="language detection is not implemented"):
-        _greedy(whisper).generate("", audio=_audio(1, 1))
-
-
 def test_a_text_prompt_is_refused_by_name(whisper: Any) -> None:
     with pytest.raises(ConfigError, match="startofprev"):
         _greedy(whisper).generate("hello", audio=_audio(1, 1), language="en")
