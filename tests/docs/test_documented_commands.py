@@ -712,6 +712,7 @@ NOT_RUN: dict[str, str] = {
     "decoctl generate -m WHISPER_FOLDER --audio speech.wav --language en": PLACEHOLDER.format(
         "Whisper export and recording"
     ),
+    "decoctl serve -m WHISPER_FOLDER --name whisper": PLACEHOLDER.format("Whisper export"),
     'decoctl generate "def f(x):" --model BASE_FOLDER --adapter sql=sql.onnx_adapter': PLACEHOLDER.format(
         "base model with LoRA slots and adapter file"
     ),
