@@ -24,6 +24,7 @@ a feature extractor that is not WhisperFeatureExtractor) is refused at load, nam
 from __future__ import annotations
 
 import json
+import struct
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -224,9 +225,10 @@ def read_wav(path: Path | BinaryIO, *, sampling_rate: int, name: str | None = No
         with wave.open(str(path) if isinstance(path, Path) else path, "rb") as reader:
             rate, channels, width = reader.getframerate(), reader.getnchannels(), reader.getsampwidth()
             raw = reader.readframes(reader.getnframes())
-    except (wave.Error, EOFError) as err:
+    except (wave.Error, EOFError, RuntimeError, struct.error) as err:  # wave raises RuntimeError on a bad chunk size
         raise ValueError(
-            f"{shown} is not a PCM WAV file ({err}): convert it with ffmpeg -i IN -ac 1 -ar {sampling_rate} OUT.wav"
+            f"{shown} is not a PCM WAV file ({str(err) or type(err).__name__}): convert it with ffmpeg -i IN -ac 1 -ar "
+            f"{sampling_rate} OUT.wav"
         ) from err
     if rate != sampling_rate:
         raise ValueError(
@@ -241,4 +243,6 @@ def read_wav(path: Path | BinaryIO, *, sampling_rate: int, name: str | None = No
         data = np.frombuffer(raw, dtype="<i4").astype(np.float32) / 2147483648.0
     else:
         raise ValueError(f"{shown} has {8 * width}-bit samples; decoctl reads 8-, 16- and 32-bit PCM WAV")
+    if data.size % channels:
+        raise ValueError(f"{shown} ends inside a frame of its {channels} channels: the file is cut short")
     return np.asarray(data.reshape(-1, channels).mean(axis=1), dtype=np.float32)

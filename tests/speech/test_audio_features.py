@@ -118,3 +118,19 @@ def test_read_wav_refuses_another_rate_naming_the_conversion(tmp_path: Path) -> 
     _write_wav(path, np.zeros(10, dtype=np.int16), 44100)
     with pytest.raises(ValueError, match="-ar 16000"):
         read_wav(path, sampling_rate=16000)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"RIFF" + (100).to_bytes(4, "little") + b"WAVE" + b"LIST" + (10**6).to_bytes(4, "little") + bytes(8),
+        b"RIFF\x00\x00",
+        b"ID3\x04 an mp3 file",
+    ],
+    ids=["chunk-past-the-end", "cut-short", "mp3"],
+)
+def test_a_file_that_is_not_pcm_wav_is_a_value_error_naming_it(data: bytes) -> None:
+    import io
+
+    with pytest.raises(ValueError, match=r"upload\.bin is not a PCM WAV file"):
+        read_wav(io.BytesIO(data), sampling_rate=16000, name="upload.bin")
