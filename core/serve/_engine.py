@@ -144,8 +144,9 @@ class Engine:
         target = models["target"]
         if target.encoder is not None:
             raise ConfigError(
-                f"model {target.name} is an encoder-decoder model: decoctl serve runs decoder-only models "
-                "(use decoctl generate for it)"
+                f"model {target.name} is an encoder-decoder model and the engine steps decoder-only rows: a speech "
+                "model (Whisper) is served by decoctl.serve._transcriber.Transcriber (decoctl serve picks it by "
+                "itself); run other encoder-decoder models with decoctl generate"
             )
         if max_rows < 1 or max_queue < 0:
             raise ConfigError(f"max_rows={max_rows} must be at least 1 and max_queue={max_queue} at least 0")

@@ -253,11 +253,21 @@ def test_decoctl_serve_starts_for_a_whisper_folder_and_transcribes(whisper: Any)
     assert "Traceback" not in rest
 
 
-def test_a_speech_model_refuses_serve_flags_that_do_not_apply(whisper: Any) -> None:
+def test_a_speech_model_refuses_serve_flags_that_do_not_apply(whisper: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from decoctl.cli import main
 
     code = main(["serve", "-m", str(whisper.folder("whisper")), "--deterministic", "--port", "0"])
     assert code != 0
+    err = capsys.readouterr().err
+    assert "is a speech model" in err and "--deterministic do not apply to it" in err
+
+
+def test_the_engine_names_the_transcriber_for_a_speech_model(whisper: Any) -> None:
+    from decoctl import ConfigError
+    from decoctl.serve._engine import Engine
+
+    with pytest.raises(ConfigError, match="Transcriber"):
+        Engine({"target": load_model(whisper.folder("whisper"), threads=1)}, registry=PluginRegistry(autoload=False))
 
 
 def test_the_worker_with_a_prefix_cache_encodes_repeated_audio_once(whisper: Any) -> None:
