@@ -17,7 +17,7 @@ from split_models import split_export
 from vlm_models import Llava
 
 from decoctl.cli import main
-from decoctl.errors import CapabilityError
+from decoctl.errors import CapabilityError, ModelLoadError
 from decoctl.generation._opening import check_models
 from decoctl.host import Sequence
 from decoctl.model import load_model
@@ -106,3 +106,22 @@ def test_a_tap_the_prefill_session_does_not_give_is_refused_naming_it(plain: Pat
 
 def test_the_same_tap_on_the_one_graph_folder_is_given(plain: Path) -> None:
     check_models(_reads("hidden_states"), {}, {"target": load_model(plain, threads=1)})
+
+
+
+def test_a_description_no_phase_lowering_takes_is_refused_with_its_sessions(llava: Llava, tmp_path: Path) -> None:
+    """An embedding session with no once-per-input chain before it: refused, listing the sessions and phases."""
+    description = {
+        "sessions": {
+            "embedding": {"file": "embedding.onnx", "phase": "chunk", "host_inputs": ["input_ids", "image_features"]},
+            "decoder": {"file": "model.onnx", "phase": "step", "host_inputs": ["*"]},
+        },
+        "edges": [{"from": "embedding.inputs_embeds", "to": "decoder.inputs_embeds"}],
+    }
+
+    with pytest.raises(
+        ModelLoadError,
+        match=r"pipeline.json: decoctl lowers once-per-input sessions into an embedding session .* this description "
+        r"has embedding \(chunk\), decoder \(step\)",
+    ):
+        load_model(_with_description(llava.onnx, tmp_path / "m", description), threads=1)
