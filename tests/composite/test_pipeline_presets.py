@@ -108,7 +108,6 @@ def test_the_same_tap_on_the_one_graph_folder_is_given(plain: Path) -> None:
     check_models(_reads("hidden_states"), {}, {"target": load_model(plain, threads=1)})
 
 
-
 def test_a_description_no_phase_lowering_takes_is_refused_with_its_sessions(llava: Llava, tmp_path: Path) -> None:
     """An embedding session with no once-per-input chain before it: refused, listing the sessions and phases."""
     description = {
