@@ -161,6 +161,13 @@ def lower(
         return Lowered(description=description, spec=spec, vision=vision)
     if chain is not None and targets & {step.name, *(w.name for w in writers)}:
         return _encoder_parts(spec, description, sessions, chain, writer, step.name)
+    if spec.encoder_decoder is not None:
+        raise ModelLoadError(
+            f"{origin}: {spec.path} is an encoder-decoder export, but no once-per-input session of this description "
+            f"feeds the decoder's cross-attention ({_phases(description)}): add the encoder, phase 'generation', with "
+            f"an edge from its output to the decoder's {spec.encoder_decoder.hidden_input_name} (`decoctl models "
+            "pipeline` on the folder without its pipeline.json prints the preset to start from)"
+        )
     if chain is not None or embedder is not None:
         raise ModelLoadError(
             f"{origin}: decoctl lowers once-per-input sessions into an embedding session (a vision-language model) "

@@ -169,3 +169,19 @@ def test_a_per_step_session_may_read_a_once_per_input_output_but_not_the_reverse
         r"from the host",
     ):
         check_phases(backward)
+
+
+def test_a_description_without_the_encoder_of_an_encoder_decoder_export_is_refused(
+    seq2seq: Any, tmp_path: Path
+) -> None:
+    description = {
+        "sessions": {"decoder": {"file": "decoder_model_merged.onnx", "phase": "step", "host_inputs": ["*"]}},
+        "edges": [],
+    }
+
+    with pytest.raises(
+        ModelLoadError,
+        match=r"is an encoder-decoder export, but no once-per-input session of this description feeds the decoder's "
+        r"cross-attention \(decoder \(step\)\): add the encoder",
+    ):
+        load_model(_described(seq2seq.folder("t5", "merged"), tmp_path, description), threads=1)
