@@ -56,6 +56,13 @@ class Served:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, max_retries=0)
 
 
+def _registry() -> PluginRegistry:
+    """The built-ins and the logits chain (its temperature processor samples at a request's temperature)."""
+    registry = PluginRegistry(autoload=False)
+    registry.register(pytest.importorskip("decoctl_logits_chain.plugin"), "logits-chain")
+    return registry
+
+
 def _serve(folder: Path, **limits: Any) -> tuple[Served, Any, threading.Thread]:
     import uvicorn
 
@@ -65,7 +72,7 @@ def _serve(folder: Path, **limits: Any) -> tuple[Served, Any, threading.Thread]:
     max_queue = limits.pop("max_queue", 8)
     transcriber = Transcriber(
         {"target": load_model(folder, name=MODEL, threads=1)},
-        registry=PluginRegistry(autoload=False),
+        registry=_registry(),
         max_queue=max_queue,
         prefix_cache_mb=limits.pop("prefix_cache_mb", None),
     )
@@ -284,3 +291,21 @@ def test_the_worker_with_a_prefix_cache_encodes_repeated_audio_once(whisper: Any
     assert texts == [_offline(folder, audio, language="en").text] * 2
     assert transcriber._greedy._sequences["target"]._runner.encoder_runs == 1
     assert transcriber.prefix_cache is not None and transcriber.prefix_cache.stats().source_hits == 1
+
+
+def test_a_temperature_samples_as_offline_sampling_at_it(served: Served) -> None:
+    audio = _wav(_audio(6, 3))
+    answer = served.client().audio.transcriptions.create(
+        model=MODEL, file=("a.wav", audio), language="en", temperature=0.7
+    )
+    sampler = Generator(
+        {"target": str(served.folder)},
+        "sample",
+        processors="temperature=0.7",
+        registry=_registry(),
+        threads=1,
+    )
+    positions = sampler.models["target"].spec.max_length
+    expected = transcribe(sampler, audio, language="en", max_new_tokens=positions, seed=0)
+    assert answer.text == expected.text
+    assert answer.text != _offline(served.folder, audio, language="en").text  # sampled, not greedy
