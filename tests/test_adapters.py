@@ -325,3 +325,50 @@ def test_a_slot_that_reads_rows_flattened_into_tokens_is_refused_by_name(lora: d
 def test_with_adapters_refuses_a_model_loaded_as_exported(lora: dict[str, Path]) -> None:
     with pytest.raises(ModelLoadError, match="lora_stacks=True"):
         with_adapters(load_model(lora["base"]), {"alpha": lora["alpha"]})
+
+
+def test_stacking_follows_the_ranks_through_constants_splits_and_quantized_projections() -> None:
+    """Gemma 3's int8 export: the embedding scaled by a Constant, a MatMulNBits projection, a packed output Split and
+    Reshaped by Constant shapes (q_norm) before the slot: the walk tells [batch, sequence, in] through all of them."""
+    from decoctl.model.graph._lora_stacks import rewrite
+
+    def constant(name: str, value: np.ndarray) -> object:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name))
+
+    nodes = [
+        constant("scale", np.array(2.0, np.float32)),
+        helper.make_node("Mul", ["x", "scale"], ["scaled"]),
+        helper.make_node(
+            "MatMulNBits", ["scaled", "wq", "scales"], ["packed"], domain="com.microsoft", K=8, N=16, bits=8,
+            block_size=8,
+        ),
+        constant("split", np.array([8, 8], np.int64)),
+        helper.make_node("Split", ["packed", "split"], ["q", "kv"], axis=-1),
+        constant("shape", np.array([0, -1, 8], np.int64)),
+        helper.make_node("Reshape", ["kv", "shape"], ["kv3"]),
+        helper.make_node("MatMul", ["kv3", "w"], ["plain"]),
+        helper.make_node("MatMul", ["kv3", "s.lora_A"], ["xa"]),
+        helper.make_node("MatMul", ["xa", "s.lora_B"], ["xab"]),
+        helper.make_node("Add", ["plain", "xab"], ["y"]),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 8]),
+            helper.make_tensor_value_info("s.lora_A", TensorProto.FLOAT, [8, "r"]),
+            helper.make_tensor_value_info("s.lora_B", TensorProto.FLOAT, ["r", 4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", 4])],
+        [
+            numpy_helper.from_array(np.zeros((16, 1, 8), np.uint8), "wq"),
+            numpy_helper.from_array(np.ones((16, 1), np.float32), "scales"),
+            numpy_helper.from_array(np.ones((8, 4), np.float32), "w"),
+            numpy_helper.from_array(np.zeros((8, 1), np.float32), "s.lora_A"),
+            numpy_helper.from_array(np.zeros((1, 4), np.float32), "s.lora_B"),
+        ],
+    )
+    stacked = rewrite(helper.make_model(graph).SerializeToString(), "the graph")
+    assert [slot.name for slot in stacked.slots] == ["s.lora_A", "s.lora_B"]
+    gathers = [n for n in onnx.load_from_string(stacked.model).graph.node if n.op_type == "Gather"]
+    assert [list(n.input) for n in gathers] == [["s.lora_A", "lora_index"], ["s.lora_B", "lora_index"]]

@@ -20,6 +20,7 @@ import attrs
 from decoctl.errors import ModelLoadError
 from decoctl.model.graph import _protowire as pw
 from decoctl.model.graph._nodes import (
+    ATTR_T,
     DIM_VALUE,
     GRAPH_INITIALIZER,
     GRAPH_INPUT,
@@ -59,11 +60,12 @@ _ELEMENTWISE = frozenset(
     }
 )  # fmt: skip
 #: ops whose outputs have the rank of their first input (normalisations, attention over [batch, sequence, hidden],
-#: quantized projections, the Pad that places a packed projection's LoRA columns: decoctl.model.graph._lora_slots)
+#: quantized projections, a packed projection's Split, the Pad that places its LoRA columns: graph._lora_slots)
 _LIKE_FIRST = frozenset(
     {
-        "MatMulNBits", "Pad", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "LayerNormalization",
-        "SkipLayerNormalization", "RMSNormalization", "GroupQueryAttention", "MultiHeadAttention", "Attention",
+        "MatMulNBits", "Pad", "Split", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+        "LayerNormalization", "SkipLayerNormalization", "RMSNormalization", "GroupQueryAttention", "MultiHeadAttention",
+        "Attention",
     }
 )  # fmt: skip
 
@@ -180,6 +182,7 @@ def rewrite(model: bytes, where: str) -> Stacked:
 def _ranks(nodes: list[GraphNode], inputs: dict[str, pw.Field], initializers: dict[str, pw.Field]) -> dict[str, int]:
     """The rank of every value the walk can tell, in one pass over the (topologically ordered) nodes."""
     ranks: dict[str, int] = {}
+    sizes: dict[str, int] = {}  # a 1-D Constant's one size (a Reshape's shape: the rank it gives)
     for name, field in inputs.items():
         declared = _declared(field)
         if declared is not None:
@@ -198,11 +201,30 @@ def _ranks(nodes: list[GraphNode], inputs: dict[str, pw.Field], initializers: di
             rank = None if data is None or indices is None else data - 1 + indices
         elif node.op_type == "Reshape" and node.input(1) in initializers:
             rank = _packed_dims(initializers[node.input(1)], values=True)
+        elif node.op_type == "Reshape" and node.input(1) in sizes:
+            rank = sizes[node.input(1)]
+        elif node.op_type == "Constant":  # the builder's scalars and shapes (Gemma's embedding scale, q_norm's
+            rank = _constant_rank(node)  # Reshapes) are Constant nodes
+            tensor = [f for f in node.attributes.get("value", ()) if f.number == ATTR_T]
+            if rank == 1 and tensor:
+                sizes[node.outputs[0]] = _packed_dims(tensor[0], values=True)
         if rank is not None:
             ranks[node.outputs[0]] = rank
-            if node.op_type in _LIKE_FIRST:  # a skip norm's residual sum has the same rank
+            if node.op_type in _LIKE_FIRST:  # a skip norm's residual sum, a Split's every part: the same rank
                 ranks.update({out: rank for out in node.outputs[1:] if out})
     return ranks
+
+
+def _constant_rank(node: GraphNode) -> int | None:
+    """A Constant node's output rank: its ``value`` tensor's dims, 0 for a scalar attribute, 1 for a list."""
+    tensor = [f for f in node.attributes.get("value", ()) if f.number == ATTR_T]
+    if tensor:
+        return _packed_dims(tensor[0])
+    if any(name in node.attributes for name in ("value_float", "value_int", "value_string")):
+        return 0
+    if any(name in node.attributes for name in ("value_floats", "value_ints", "value_strings")):
+        return 1
+    return None
 
 
 def _packed_dims(field: pw.Field, *, values: bool = False) -> int:
