@@ -388,6 +388,9 @@ def _run_models(args: argparse.Namespace, registry: PluginRegistry) -> int:
         print(f"  max_length {spec.max_length}, context {spec.context_length}, eos {list(spec.eos_token_ids)}")
         print(f"  capabilities: {', '.join(model.capabilities.names()) or 'none'}")
         print(f"  graph: {spec.onnx_file.name}")
+        if model.pipeline is not None:  # the whole description: decoctl models pipeline MODEL
+            sessions = ", ".join(f"{s.name} ({s.phase})" for s in model.pipeline.stages)
+            print(f"  pipeline: {sessions}, from {model.pipeline.origin}")
         for line in model.encoder.describe() if model.encoder else ():
             print(f"  {line}")
         sys.stdout.flush()  # the lines above stand even where the dry forward fails

@@ -185,3 +185,13 @@ def test_a_description_without_the_encoder_of_an_encoder_decoder_export_is_refus
         r"cross-attention \(decoder \(step\)\): add the encoder",
     ):
         load_model(_described(seq2seq.folder("t5", "merged"), tmp_path, description), threads=1)
+
+
+def test_models_info_names_the_pipeline_it_runs(seq2seq: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = seq2seq.folder("bart")
+
+    assert main(["models", "info", str(folder)]) == 0
+
+    out = capsys.readouterr().out
+    assert "pipeline: encoder (generation), first_pass (chunk), decoder (step), from " in out
+    assert "(the encoder-decoder preset)" in out
