@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import numpy as np
 from prometheus_client import Counter, Histogram
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -113,7 +113,13 @@ class Transcriptions:
     async def transcriptions(self, request: Request) -> Response:
         started = time.perf_counter()
         self.edge.authorise(request)
-        form = await self._form(request)
+        parsed = await self._parse(request)
+        try:  # the upload's spooled file closed (and deleted) whatever the answer
+            return await self._transcribe(request, self._validated(parsed), started)
+        finally:
+            await parsed.close()
+
+    async def _transcribe(self, request: Request, form: dict[str, Any], started: float) -> Response:
         fields = {k: v for k, v in form.items() if k != "file"}
         model = fields.get("model")
         if not model:
@@ -136,8 +142,8 @@ class Transcriptions:
         self.request_seconds.observe(time.perf_counter() - started)
         return self._answer(fields.get("response_format") or "json", result, job, seconds)
 
-    async def _form(self, request: Request) -> dict[str, Any]:
-        """The multipart form, read within the byte and time limits; each field once."""
+    async def _parse(self, request: Request) -> FormData:
+        """The multipart form, read within the byte and time limits."""
         kind = request.headers.get("content-type", "")
         if not kind.startswith("multipart/form-data"):
             raise Refusal(
@@ -169,9 +175,12 @@ class Transcriptions:
             request.headers, body(), max_files=1, max_fields=len(_FIELDS), max_part_size=_FORM_BYTES
         )
         try:
-            parsed = await parser.parse()
+            return await parser.parse()
         except MultiPartException as exc:
             raise Refusal(400, f"the multipart form does not parse ({exc.message})") from None
+
+    def _validated(self, parsed: FormData) -> dict[str, Any]:
+        """The form's fields, each known and given once, the file a file and the rest text; Refusal otherwise."""
         form: dict[str, Any] = {}
         for key, value in parsed.multi_items():
             if key not in _FIELDS:
