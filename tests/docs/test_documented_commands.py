@@ -286,6 +286,9 @@ RUN: dict[str, Run] = {
     "decoctl plugins": Run(),
     "decoctl models": Run(),
     "decoctl models info pycode": Run(),
+    "decoctl models add-lora-slots pycode --targets q_proj,v_proj,o_proj --out build/pycode-lora": Run(
+        fresh=("build/pycode-lora",)
+    ),
     "decoctl bench -n 16 --repeats 1": Run(),
     'decoctl generate "def parse(line):" -c beam -o num_beams=4 -o num_return_sequences=2': Run(),
     'decoctl generate "def parse(line):" -c sample -o n=3 --seed 1': Run(),
@@ -401,6 +404,11 @@ OPT_IN: dict[str, Run] = {
     'decoctl generate --model gemma3-270m "The capital of France is" -n 20': gemma(),
     'decoctl generate --model gemma3-270m "The capital of France is" -n 20 --threads 1': gemma(),
     "decoctl models enable-taps gemma3-270m build/gemma3-270m-taps": gemma(fresh=("build/gemma3-270m-taps",)),
+    ".venv/bin/python tools/lora_bench_model.py": gemma(after=(IMPORT_INT8,), fresh=("build/lora-bench",)),
+    'decoctl generate -m build/lora-bench/gemma3-270m-int8-lora --adapter a1=build/lora-bench/a1.onnx_adapter "def '
+    'f(x):" -n 8': gemma(
+        after=(IMPORT_INT8, ".venv/bin/python tools/lora_bench_model.py"), fresh=("build/lora-bench",)
+    ),
     GEMMA_TREE: gemma(fresh=("build/gemma3-270m-tree",)),
     "pytest -m import_extra tests/importers": Run(timeout=1800, needs=(IMPORT_EXTRA,)),
     "decoctl eagle data --target gemma3-270m --out /tmp/gdata --prompts 48 --new-tokens 64 --batch 16 "
@@ -709,6 +717,18 @@ NOT_RUN: dict[str, str] = {
     "tests/openvino there; make test runs it",
     "pip uninstall -y onnxruntime && pip install onnxruntime-openvino": INSTALL,
     "pip uninstall -y onnxruntime && pip install onnxruntime-gpu": INSTALL,
+    "python -m onnxruntime_genai.models.builder -i ./my-hf-model -o ./my-model -p fp32 -e cpu": PLACEHOLDER.format(
+        "Hugging Face model"
+    ),
+    "decoctl models add-lora-slots ./my-model --targets q_proj,v_proj --out ./my-model-lora": PLACEHOLDER.format(
+        "builder export"
+    ),
+    "decoctl models convert-adapter ./my-peft-adapter --base ./my-model-lora --out sql.onnx_adapter": (
+        PLACEHOLDER.format("PEFT adapter and base model")
+    ),
+    'decoctl generate "def f(x):" --model ./my-model-lora --adapter sql=sql.onnx_adapter': PLACEHOLDER.format(
+        "base model with LoRA slots and adapter file"
+    ),
     "decoctl generate -m WHISPER_FOLDER --audio speech.wav --language en": PLACEHOLDER.format(
         "Whisper export and recording"
     ),
