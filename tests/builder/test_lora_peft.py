@@ -16,7 +16,9 @@ from builder_models import PROMPT, Export
 from decoctl import Generator
 from decoctl.cli import main
 from decoctl.errors import ConfigError, ModelLoadError
-from decoctl.model._adapters import read_adapter
+from decoctl.host import Sequence
+from decoctl.model import load_model
+from decoctl.model._adapters import read_adapter, with_adapters
 from decoctl.model._peft import convert_peft_adapter, read_safetensors
 from decoctl.model.graph._lora_slots import add_lora_slots, lora_slots
 from decoctl.plugins import PluginRegistry
@@ -28,7 +30,7 @@ NEW_TOKENS = 16
 ATOL = 1e-4
 
 
-def _peft_model(hf: Path, targets: list[str], seed: int = 7, **config: object) -> object:
+def _peft_model(hf: Path, targets: list[str], seed: int = 7, std: float = 0.3, **config: object) -> object:
     """The HF model with a PEFT LoRA (r=4, alpha=8) on ``targets``, its B set at random (PEFT starts it at zero)."""
     from transformers import AutoModelForCausalLM
 
@@ -39,7 +41,7 @@ def _peft_model(hf: Path, targets: list[str], seed: int = 7, **config: object) -
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "lora_B" in name:
-                parameter.normal_(0.0, 0.3)
+                parameter.normal_(0.0, std)
     return model.eval()
 
 
@@ -194,3 +196,38 @@ def test_safetensors_are_read_as_the_safetensors_package_writes_them(tmp_path: P
     read = read_safetensors(tmp_path / "t.safetensors")
     for name, tensor in tensors.items():
         np.testing.assert_array_equal(read[name], tensor.float().numpy())
+
+
+ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def test_gemma2_with_every_projection_adapted_equals_transformers_with_peft(
+    gemma2: Export, registry: PluginRegistry, tmp_path: Path
+) -> None:
+    """Gemma's graph scales the embedding by a Constant node and has windowed layers: the slots stack through it."""
+    base, saved = tmp_path / "base", tmp_path / "peft"
+    add_lora_slots(gemma2.onnx, base, ALL_PROJECTIONS)
+    model = _peft_model(gemma2.hf, ALL_PROJECTIONS, seed=11, std=1.0)
+    model.save_pretrained(saved)
+    adapter = convert_peft_adapter(saved, base, tmp_path / "all.onnx_adapter")
+    assert len(read_adapter(adapter).parameters) == 2 * 7 * 3  # A and B, 7 projections, 3 layers
+    generator = Generator({"target": base}, "greedy", threads=1, registry=registry, adapters={"all": adapter})
+    tokens = list(generator.generate(PROMPT, max_new_tokens=NEW_TOKENS, adapter="all").tokens)
+    assert tokens == _peft_greedy(gemma2, model)
+    plain = Generator({"target": gemma2.onnx}, "greedy", threads=1, registry=registry)
+    assert list(generator.generate(PROMPT, max_new_tokens=NEW_TOKENS).tokens) == list(
+        plain.generate(PROMPT, max_new_tokens=NEW_TOKENS).tokens
+    )
+    # the random Gemma 2 repeats one token with the adapter and without: its logits tell them apart
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(gemma2.hf)(PROMPT).input_ids
+    sequence = Sequence("target", with_adapters(load_model(base, threads=1, lora_stacks=True), {"all": adapter}))
+    sequence.runner.adapter = 1
+    logits = np.array(sequence.forward(ids))
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0].numpy()
+        with model.disable_adapter():
+            unadapted = model(torch.tensor([ids])).logits[0].numpy()
+    np.testing.assert_allclose(logits, expected, atol=ATOL)
+    assert np.abs(expected - unadapted).max() > 100 * ATOL

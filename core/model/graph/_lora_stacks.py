@@ -60,12 +60,13 @@ _ELEMENTWISE = frozenset(
     }
 )  # fmt: skip
 #: ops whose outputs have the rank of their first input (normalisations, attention over [batch, sequence, hidden],
-#: quantized projections, a packed projection's Split, the Pad that places its LoRA columns: graph._lora_slots)
+#: quantized projections, a packed projection's Split, the Pad that places its LoRA columns: graph._lora_slots; a
+#: tied embedding's Transpose of the lm_head weight, Slice)
 _LIKE_FIRST = frozenset(
     {
-        "MatMulNBits", "Pad", "Split", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
-        "LayerNormalization", "SkipLayerNormalization", "RMSNormalization", "GroupQueryAttention", "MultiHeadAttention",
-        "Attention",
+        "MatMulNBits", "Pad", "Split", "Transpose", "Slice", "SimplifiedLayerNormalization",
+        "SkipSimplifiedLayerNormalization", "LayerNormalization", "SkipLayerNormalization", "RMSNormalization",
+        "GroupQueryAttention", "MultiHeadAttention", "Attention",
     }
 )  # fmt: skip
 
