@@ -40,6 +40,7 @@ from decoctl.bench._contenders import (
 )
 from decoctl.bench._ideal import CostCalibrator, CostCurve, ideal_ratio
 from decoctl.bench._runs import run_in_processes
+from decoctl.bench._speech import Prompt, SpeechPrompt, check_prompts, prompt_ids, speech_prompt, speech_source
 from decoctl.bench._transformers import TRANSFORMERS_CONTENDERS, TransformersContender
 from decoctl.errors import ConfigError
 from decoctl.generation import Generator, read_prompt_records
@@ -53,6 +54,7 @@ __all__ = [
     "BenchReport",
     "ContenderResult",
     "Difference",
+    "SpeechPrompt",
     "add_bench_parser",
     "build_contenders",
     "bundle_roles",
@@ -179,15 +181,20 @@ def resident_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def load_prompts(path: str | None) -> list[str]:
-    """The bench's prompts: the built-in ones, or a JSONL file's (one ``{"prompt": "..."}`` per line)."""
+def load_prompts(path: str | None) -> list[Prompt]:
+    """The bench's prompts: the built-in ones, or a JSONL file's (one ``{"prompt": "..."}`` per line, or for a speech
+    model ``{"audio": "FILE.wav"}``, the path relative to the file: decoctl.bench._speech)."""
     if path is None:
         return list(DEFAULT_PROMPTS)
-    prompts = []
+    prompts: list[Prompt] = []
     for where, record in read_prompt_records(path):
+        if "audio" in record:
+            prompts.append(speech_prompt(where, record, Path(path).parent))
+            continue
         if "prompt" not in record:
             raise ConfigError(
-                f"{where}: each line must be a JSON object with a 'prompt', not {json.dumps(record)[:40]}"
+                f"{where}: each line must be a JSON object with a 'prompt' (or a speech model's 'audio'), not "
+                f"{json.dumps(record)[:40]}"
             )
         if not isinstance(record["prompt"], str):
             raise ConfigError(
@@ -306,22 +313,32 @@ def _draft_folder(roles: dict[str, str], registry: PluginRegistry) -> Path:
 
 
 def warm_up(
-    contenders: Sequence[tuple[str, Contender]], prompts: Sequence[str], tokenizer: Any, *, max_new_tokens: int
+    contenders: Sequence[tuple[str, Contender]],
+    prompts: Sequence[Prompt],
+    encode: Callable[[Prompt], list[int]],
+    *,
+    max_new_tokens: int,
 ) -> dict[str, Outcome]:
     """One run per contender on the longest prompt at full length: first runs allocate KV and output buffers
-    and page the weights in, so the resident set measured after this must stay flat for the rest of a bench."""
-    encoded = [tokenizer.encode(p) for p in prompts]
+    and page the weights in, so the resident set measured after this must stay flat for the rest of a bench.
+    ``encode``: a prompt's ids (decoctl.bench._speech.prompt_ids on the target)."""
+    encoded = [encode(p) for p in prompts]
     longest = max(range(len(encoded)), key=lambda i: len(encoded[i]))
     return {label: contender.run(prompts[longest], encoded[longest], max_new_tokens) for label, contender in contenders}
 
 
 def calibrator_for(
-    baseline: ControllerContender, prompts: Sequence[str], *, max_new_tokens: int, pairs: int
+    baseline: ControllerContender, prompts: Sequence[Prompt], *, max_new_tokens: int, pairs: int
 ) -> CostCalibrator:
     """A verify-cost calibrator on the baseline's target model, its context at the middle of a generation from
     the longest prompt (the average context a decode step sees)."""
     model = baseline.generator.models["target"]
-    encoded = max((model.tokenizer.encode(p) for p in prompts), key=len)
+    longest = max(prompts, key=lambda p: len(prompt_ids(model, p)))
+    encoded = prompt_ids(model, longest)
+    if isinstance(longest, SpeechPrompt):
+        # a speech model's decoder holds its prompt (start, language, task) and the output; its encoder the audio
+        source = speech_source(model, longest)
+        return CostCalibrator(model, encoded, context=len(encoded) + max_new_tokens // 2, pairs=pairs, source=source)
     # an encoder-decoder model's decoder holds its start token and the output; the prompt is its encoder's
     prompt = 1 if model.encoder else len(encoded)
     return CostCalibrator(model, encoded, context=prompt + max_new_tokens // 2, pairs=pairs)
@@ -339,8 +356,8 @@ def calibrate(calibrator: CostCalibrator, outcomes: Iterable[Outcome]) -> None:
 
 def run_contenders(
     contenders: Sequence[tuple[str, Contender]],
-    prompts: Sequence[str],
-    tokenizer: Any,
+    prompts: Sequence[Prompt],
+    encode: Callable[[Prompt], list[int]],
     *,
     max_new_tokens: int,
     repeats: int,
@@ -354,10 +371,10 @@ def run_contenders(
     ``warm``: run warm_up() first; pass False when the caller has (to measure memory after it).
     ``calibrator``: after each repeat, one calibration pass over every forward size seen so far.
     """
-    encoded = [tokenizer.encode(p) for p in prompts]
+    encoded = [encode(p) for p in prompts]
     outcomes: dict[str, list[list[Outcome]]] = {label: [] for label, _ in contenders}
     if warm:
-        warm_up(contenders, prompts, tokenizer, max_new_tokens=max_new_tokens)
+        warm_up(contenders, prompts, encode, max_new_tokens=max_new_tokens)
     for repeat in range(repeats):
         for label, _ in contenders:
             outcomes[label].append([])
@@ -524,7 +541,11 @@ def add_bench_parser(commands: Any) -> None:
         f"chain (default: {DEFAULT_CONTENDERS}; with --batch, some of greedy,ort-genai,beam,ort-genai-beam: all)",
     )
     bench.add_argument("--baseline", default="greedy", help="the contender label ratios are taken against")
-    bench.add_argument("--prompts", help='JSONL file, one {"prompt": ...} per line (default: built-in code prompts)')
+    bench.add_argument(
+        "--prompts",
+        help='JSONL file, one {"prompt": ...} per line, or for a speech model {"audio": "FILE.wav"} (the path '
+        'relative to the file; "language" and "task" optional) (default: built-in code prompts)',
+    )
     bench.add_argument("--max-new-tokens", "-n", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument("--threads", type=int, help="intra-op threads for every contender (default: cores/2)")
@@ -569,7 +590,7 @@ def run(
     model: str | None = None,
     contenders: str = DEFAULT_CONTENDERS,
     baseline: str = "greedy",
-    prompts: Sequence[str] | None = None,
+    prompts: Sequence[Prompt] | None = None,
     max_new_tokens: int = 128,
     repeats: int = 5,
     threads: int | None = None,
@@ -585,7 +606,8 @@ def run(
     after a warm-up and the verify-cost calibration. Prints nothing; ``progress(done, total)`` hears of each repeat.
 
     :param contenders: as ``--contenders``: ``NAME`` or ``LABEL=NAME(key=value;...)``, comma-separated.
-    :param prompts: the prompt texts (None: the built-in code prompts).
+    :param prompts: the prompt texts, or for a speech model its recordings (decoctl.bench._speech.SpeechPrompt;
+        ``load_prompts`` reads both from a JSONL file); None: the built-in code prompts.
     :param roles: models for roles beyond the target (``{"draft": "pycode-draft"}``).
     :param huge_pages: put every contender's weights on 2 MiB pages (process-wide; the command line's default).
     :param providers: as ``--provider``: the execution providers (decoctl.model._providers; default CPU).
@@ -614,15 +636,20 @@ def run(
     base = dict(built)[baseline]
     if not isinstance(base, ControllerContender):
         raise ConfigError("the baseline must be a decoctl controller (greedy by default)")
-    tokenizer = base.generator.tokenizer
+    target = base.generator.models["target"]
+    check_prompts(target, texts)
+
+    def encode(prompt: Prompt) -> list[int]:
+        return prompt_ids(target, prompt)
+
     calibrator = calibrator_for(base, texts, max_new_tokens=max_new_tokens, pairs=calibration_pairs)
     # the calibration's first pass belongs to the warm-up: its KV cache is allocated before memory is measured
-    calibrate(calibrator, warm_up(built, texts, tokenizer, max_new_tokens=max_new_tokens).values())
+    calibrate(calibrator, warm_up(built, texts, encode, max_new_tokens=max_new_tokens).values())
     rss_after_warmup = resident_mb()
     outcomes = run_contenders(
         built,
         texts,
-        tokenizer,
+        encode,
         max_new_tokens=max_new_tokens,
         repeats=repeats,
         progress=progress,
@@ -662,9 +689,9 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
     if args.batch is not None and args.provider:
         raise ConfigError("--provider goes with the single-sequence bench; --batch runs on the CPU provider")
     if args.batch is not None:  # many sequences at once: a comparison of its own (decoctl.bench._batch)
-        prompts = load_prompts(args.prompts)
+        texts = _text_prompts(load_prompts(args.prompts))
         _prepare_output("--json", args.json)
-        return run_batch_bench(args, registry, prompts, resident=resident_mb)
+        return run_batch_bench(args, registry, texts, resident=resident_mb)
     contenders_text = args.contenders or DEFAULT_CONTENDERS
     specs = parse_contenders(contenders_text)
     labels = [s.label for s in specs]
@@ -720,6 +747,17 @@ def run_bench(args: argparse.Namespace, registry: PluginRegistry) -> int:
     return 0
 
 
+def _text_prompts(prompts: Sequence[Prompt]) -> list[str]:
+    """``--batch``'s prompts: text alone (ConfigError naming the first audio prompt's line)."""
+    for prompt in prompts:
+        if isinstance(prompt, SpeechPrompt):
+            raise ConfigError(
+                f"{prompt.where}: an audio prompt, and --batch benches text prompts: leave --batch out to bench "
+                "speech, one recording at a time"
+            )
+    return [p for p in prompts if isinstance(p, str)]
+
+
 def _prepare_output(flag: str, path: str | None) -> None:
     """Create the folder ``path`` will be written in; refuse a path that is a folder or cannot be made."""
     if path is None:
@@ -736,12 +774,12 @@ def _prepare_output(flag: str, path: str | None) -> None:
         ) from exc
 
 
-def difference_message(result: ContenderResult, baseline: str, prompts: Sequence[str]) -> str:
+def difference_message(result: ContenderResult, baseline: str, prompts: Sequence[Prompt]) -> str:
     """--require-identical's explanation: the contender, the first differing prompt and new-token position."""
     where = result.first_difference
     if where is None:
         return f"contender {result.name!r} differs from baseline {baseline!r}"
-    prompt = prompts[where.prompt]
+    prompt = str(prompts[where.prompt])
     shown = prompt if len(prompt) <= 40 else prompt[:37] + "..."
 
     def token(value: int | None) -> str:

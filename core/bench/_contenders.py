@@ -31,6 +31,7 @@ import numpy as np
 import onnxruntime as ort
 
 from decoctl.bench._ideal import ForwardLedger, ledger_from_stats, spread
+from decoctl.bench._speech import Prompt, SpeechPrompt
 from decoctl.errors import ConfigError
 from decoctl.generation import Generator
 from decoctl.model._loader import LoadedModel, session_options
@@ -65,20 +66,31 @@ class Outcome:
 class Contender(Protocol):
     name: str
 
-    def run(self, prompt: str, prompt_ids: list[int], max_new_tokens: int) -> Outcome: ...
+    def run(self, prompt: Prompt, prompt_ids: list[int], max_new_tokens: int) -> Outcome: ...
 
 
 class ControllerContender:
-    """A decoctl controller (built-in or plugin) through the ordinary Generator."""
+    """A decoctl controller (built-in or plugin) through the ordinary Generator; a speech prompt as ``decoctl generate
+    --audio`` gives it (``generate("", audio=PATH, language=..., task=...)``)."""
 
     def __init__(self, name: str, generator: Generator) -> None:
         self.name = name
         self.generator = generator
 
-    def run(self, prompt: str, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
+    def run(self, prompt: Prompt, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
         del prompt_ids
         started = time.perf_counter()
-        result = self.generator.generate(prompt, max_new_tokens=max_new_tokens, seed=0)
+        if isinstance(prompt, SpeechPrompt):
+            result = self.generator.generate(
+                "",
+                audio=str(prompt.audio),
+                language=prompt.language,
+                task=prompt.task,
+                max_new_tokens=max_new_tokens,
+                seed=0,
+            )
+        else:
+            result = self.generator.generate(prompt, max_new_tokens=max_new_tokens, seed=0)
         total = time.perf_counter() - started
         stats = result.stats
         ledger = ledger_from_stats(forward_sizes=stats.forward_sizes, onnx_seconds=stats.onnx_seconds)
@@ -131,7 +143,7 @@ class RawOrtContender:
             binding.bind_output(present, "cpu", 0, np.float32, list(shape), buffer.ctypes.data)
         return binding
 
-    def run(self, prompt: str, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
+    def run(self, prompt: Prompt, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
         del prompt
         spec = self.spec
         capacity = len(prompt_ids) + max_new_tokens
@@ -238,7 +250,7 @@ class OrtGenaiContender:
     def _configure(self, config: dict[str, Any], folder: Path) -> None:
         """Subclasses add to the composed config (a draft decoder, speculative options) here."""
 
-    def run(self, prompt: str, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
+    def run(self, prompt: Prompt, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
         del prompt
         og = self.og
         params = og.GeneratorParams(self.model)
@@ -343,7 +355,7 @@ class OrtGenaiSpeculativeContender(OrtGenaiContender):
         decoder["filename"] = f"draft/{decoder['filename']}"
         config["model"]["draft"] = _forced_threads(decoder, self._threads)
 
-    def run(self, prompt: str, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
+    def run(self, prompt: Prompt, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
         del prompt
         og = self.og
         params = og.GeneratorParams(self.model)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -141,10 +142,13 @@ class CostCalibrator:
     Each :meth:`measure` pass times, for every size asked, ``pairs`` adjacent pairs (a one-token forward, then a
     forward of the size) at ``context`` cached tokens, rewinding after each; the curve is the median of all
     pairs' ratios. A tree forward of T nodes is a real tree forward (a binary tree of T nodes; the model's cost
-    depends on T, not on the shape), and needs a model with tree inputs.
+    depends on T, not on the shape), and needs a model with tree inputs. An encoder-decoder model's encoder reads
+    ``source`` (the prompt's tokens by default; a speech model's window of features, float32[1, mel, frames]).
     """
 
-    def __init__(self, model: LoadedModel, tokens: Sequence[int], *, context: int, pairs: int = 3) -> None:
+    def __init__(
+        self, model: LoadedModel, tokens: Sequence[int], *, context: int, pairs: int = 3, source: Any = None
+    ) -> None:
         if pairs < 1:
             raise ConfigError(f"calibration pairs={pairs} must be at least 1")
         if not tokens:
@@ -154,9 +158,12 @@ class CostCalibrator:
         limit = min(model.spec.max_length, model.spec.context_length)
         self.context = max(1, min(context, limit // 2))
         self._tokens = [int(tokens[i % len(tokens)]) for i in range(limit)]
-        # an encoder-decoder model's decoder reads the prompt through its encoder: the prompt is its source
+        # an encoder-decoder model's decoder reads the prompt through its encoder: the prompt is its source, unless
+        # ``source`` is given (a speech model's window of features, float32[1, mel, frames])
         encoder = model.encoder
-        self._source = [int(t) for t in tokens[: encoder.parts.source_length]] if encoder else []
+        if source is None and encoder is not None:
+            source = [int(t) for t in tokens[: encoder.parts.source_length]]
+        self._source = source
         self._sequence: RoleSequence | None = None
         self._ratios: dict[tuple[str, int], list[float]] = {}
         self._one_token: list[float] = []
@@ -204,7 +211,7 @@ class CostCalibrator:
         if self._sequence is None or self._sequence.max_length < needed:
             capacity = min(limit, max(needed, self.context + 64))
             self._sequence = RoleSequence("target", self.model, max_length=capacity)
-            if self._source:
+            if self._source is not None:
                 self._sequence.encode(self._source)
             self._sequence.prefill(self._tokens[: self.context])
         return self._sequence

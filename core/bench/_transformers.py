@@ -13,6 +13,14 @@ bench's ONNX model, and nothing else (a checkpoint's own ``no_repeat_ngram_size`
 ``min_length`` would make its tokens differ from greedy's). torch runs on the bench's intra-op thread count and one
 inter-op thread, set for the whole process (torch has no per-model setting).
 
+On a speech model (Whisper) every contender reads the bench's recordings (decoctl.bench._speech): the samples as
+decoctl reads them, WhisperFeatureExtractor's features with the ONNX model's preprocessor_config.json, and
+WhisperForConditionalGeneration.generate (AutoModelForSpeechSeq2Seq) with the language and task of the decoder prompt
+decoctl built for the same recording, so both start from the same tokens. The generation config then also takes the
+Whisper settings decoctl applies from the ONNX model's generation_config.json (the language and task tables,
+``no_timestamps_token_id``, ``suppress_tokens``, ``begin_suppress_tokens``), and no ``forced_decoder_ids`` and no
+timestamps, as decoctl's bench runs them.
+
 Timing is the other contenders': loading is left out, and the decode seconds start once the prompt is in. For
 ``hf`` that is after the target's first forward (the encoder and the start token's pass, or the prompt's), as for
 decoctl's greedy. The speculative ones verify their first draft in that first forward, so their decode seconds
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,13 +42,26 @@ from typing import Any
 
 from decoctl.bench._contenders import Outcome
 from decoctl.bench._ideal import ForwardLedger
+from decoctl.bench._speech import Prompt, SpeechPrompt, is_speech_model
 from decoctl.errors import ConfigError
+from decoctl.generation._speech import read_audio
 from decoctl.model._loader import LoadedModel
+from decoctl.model._spec import GENERATION_CONFIG
 from decoctl.specs import Option, parse_options
 
 __all__ = ["TRANSFORMERS_CONTENDERS", "TransformersContender"]
 
 _MODEL = Option(name="model", type="str", help="the target's transformers weights: a folder from save_pretrained")
+
+#: the Whisper settings of the ONNX model's generation_config.json that a speech model's generation config takes
+WHISPER_SETTINGS = (
+    "is_multilingual",
+    "lang_to_id",
+    "task_to_id",
+    "no_timestamps_token_id",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+)
 
 #: contender name -> its options (transformers' generation settings under shorter names; its own defaults)
 TRANSFORMERS_CONTENDERS: dict[str, tuple[Option, ...]] = {
@@ -111,6 +133,7 @@ class TransformersContender:
         _set_threads(torch, threads, kind)
         self.torch = torch
         self.encoder_decoder = target.encoder is not None
+        self.speech = is_speech_model(target)
         start = target.encoder.parts.decoder_start_token_id if target.encoder is not None else None
         major = int(transformers.__version__.split(".")[0])
         if kind == "hf-lookup" and start in target.spec.eos_token_ids and major < 5:
@@ -133,6 +156,13 @@ class TransformersContender:
             "bos_token_id": getattr(self.model.config, "bos_token_id", None),
             **({"decoder_start_token_id": start} if start is not None else {}),
         }
+        self.whisper: dict[str, Any] = {}
+        self.extractor: Any = None
+        self.audio = target.encoder.audio if target.encoder is not None else None
+        if self.speech:
+            self.whisper = _whisper_settings(target)
+            common.update(self.whisper, forced_decoder_ids=None, return_timestamps=False)
+            self.extractor = _feature_extractor(transformers, target, kind)
         self.config = transformers.GenerationConfig(**common)
         if kind == "hf-lookup":
             self.config.prompt_lookup_num_tokens = self.options["k"]
@@ -166,15 +196,15 @@ class TransformersContender:
                 f"{target.name} is {kinds[self.encoder_decoder]}: give the weights it was exported from"
             )
         auto = transformers.AutoModelForSeq2SeqLM if self.encoder_decoder else transformers.AutoModelForCausalLM
+        if self.speech:
+            auto = transformers.AutoModelForSpeechSeq2Seq
         try:
             return auto.from_pretrained(path, dtype=self.torch.float32).eval()
         except (OSError, ValueError) as exc:
             raise ConfigError(f"contender {self.name}: cannot load {option}={folder}: {exc}") from exc
 
-    def run(self, prompt: str, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
-        del prompt
+    def run(self, prompt: Prompt, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
         torch = self.torch
-        ids = torch.tensor([prompt_ids], dtype=torch.long)
         config = copy.deepcopy(self.config)
         config.max_new_tokens = max_new_tokens
         extra: dict[str, Any] = {}
@@ -183,12 +213,26 @@ class TransformersContender:
             # (and repeat) starts from the same settings
             self.draft.generation_config = copy.deepcopy(self.draft_config)
             extra["assistant_model"] = self.draft
+        if isinstance(prompt, SpeechPrompt):
+            inputs = self._speech_inputs(prompt, prompt_ids)
+        else:
+            ids = torch.tensor([prompt_ids], dtype=torch.long)
+            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         with _Probe(self) as probe, torch.inference_mode():
-            out = self.model.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config, **extra
-            )
+            out = self.model.generate(**inputs, generation_config=config, **extra)
             end = time.perf_counter()
-        tokens = [int(t) for t in out[0, 1 if self.encoder_decoder else len(prompt_ids) :]]
+        sequence = [int(t) for t in out[0]]
+        if probe.target_encodes > 1:
+            raise ConfigError(
+                f"contender {self.name}: transformers' Whisper generate went over {prompt} {probe.target_encodes} "
+                "times (it reads a timestamp token in the output as a segment's end and goes on from there), where "
+                "decoctl generates once a window: the times would not compare. Suppress the timestamp tokens in the "
+                f"model's {GENERATION_CONFIG} (suppress_tokens), as tools/whisper_bench_model.py does"
+            )
+        if isinstance(prompt, SpeechPrompt):
+            tokens = self._after_speech_prompt(sequence, prompt_ids, probe.first_fed)
+        else:
+            tokens = sequence[1 if self.encoder_decoder else len(prompt_ids) :]
         greedy = self.name == "hf"
         decode_started = probe.first_forward_end if greedy else probe.prefill_end
         sizes = probe.sizes[1:] if greedy else probe.sizes
@@ -203,6 +247,58 @@ class TransformersContender:
             ledger=ForwardLedger(chain=chain, other_seconds=probe.draft_seconds, basis="transformers forward hooks"),
         )
 
+    def _speech_inputs(self, prompt: SpeechPrompt, prompt_ids: list[int]) -> dict[str, Any]:
+        """generate()'s inputs for a recording: WhisperFeatureExtractor's features of decoctl's samples, and the
+        language and task of ``prompt_ids`` (the decoder prompt decoctl built: start, language, task,
+        ``<|notimestamps|>``)."""
+        if self.audio is None:
+            raise ConfigError(f"{prompt.where}: an audio prompt, and contender {self.name} runs a text model")
+        samples = read_audio(str(prompt.audio), self.audio)
+        rate = self.audio.sampling_rate
+        features = self.extractor(samples, sampling_rate=rate, return_tensors="pt")["input_features"]
+        inputs: dict[str, Any] = {"input_features": features}
+        languages = {int(v): k.strip("<|>") for k, v in (self.whisper.get("lang_to_id") or {}).items()}
+        tasks = {int(v): k for k, v in (self.whisper.get("task_to_id") or {}).items()}
+        for token in prompt_ids[1:]:
+            if token in languages:
+                inputs["language"] = languages[token]
+            elif token in tasks:
+                inputs["task"] = tasks[token]
+        return inputs
+
+    def _after_speech_prompt(self, sequence: list[int], prompt_ids: list[int], first_fed: Any) -> list[int]:
+        """The tokens generate() made after the decoder prompt (transformers 4 returns the prompt with them, 5 leaves
+        it out); ConfigError where its first forward did not start from decoctl's prompt (the outputs would not
+        compare)."""
+        fed = [int(t) for t in first_fed[0, : len(prompt_ids)]] if first_fed is not None else []
+        if fed != list(prompt_ids):
+            raise ConfigError(
+                f"contender {self.name}: transformers' Whisper generate fed its decoder {fed}, not decoctl's decoder "
+                f"prompt {list(prompt_ids)}: check the language and task tables of the model's {GENERATION_CONFIG}"
+            )
+        if sequence[: len(prompt_ids)] == list(prompt_ids):
+            return sequence[len(prompt_ids) :]
+        return sequence
+
+
+def _whisper_settings(target: LoadedModel) -> dict[str, Any]:
+    """The Whisper settings (WHISPER_SETTINGS) of the ONNX model's generation_config.json, as decoctl applies them."""
+    path = target.spec.path / GENERATION_CONFIG
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return {key: config[key] for key in WHISPER_SETTINGS if config.get(key) is not None}
+
+
+def _feature_extractor(transformers: Any, target: LoadedModel, kind: str) -> Any:
+    """transformers' WhisperFeatureExtractor with the ONNX model's preprocessor_config.json (decoctl's features read
+    the same file)."""
+    try:
+        return transformers.WhisperFeatureExtractor.from_pretrained(target.spec.path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"contender {kind}: cannot read WhisperFeatureExtractor's settings from {target.spec.path} ({exc}): the "
+            "speech model's folder needs its preprocessor_config.json"
+        ) from exc
+
 
 class _Probe:
     """Forward hooks over one generate() call: when it started, when the encoders finished (the last of them),
@@ -212,6 +308,10 @@ class _Probe:
     def __init__(self, contender: TransformersContender) -> None:
         self.contender = contender
         self.sizes: list[int] = []
+        #: how many times the target's encoder ran (more than once: generate() went over its input again)
+        self.target_encodes = 0
+        #: the ids of the target's first forward (the decoder prompt, and a first draft), int64[1, n]
+        self.first_fed: Any = None
         self.draft_seconds = 0.0
         self.started = self.prefill_end = self.first_forward_end = 0.0
         self._draft_entered = 0.0
@@ -224,6 +324,8 @@ class _Probe:
         for model in (contender.model, contender.draft):
             if model is not None and contender.encoder_decoder:
                 hooks.append(model.get_encoder().register_forward_hook(self._encoded))
+        if contender.encoder_decoder:
+            hooks.append(contender.model.get_encoder().register_forward_hook(self._target_encoded))
         if contender.draft is not None:
             hooks.append(contender.draft.register_forward_pre_hook(self._draft_in))
             hooks.append(contender.draft.register_forward_hook(self._draft_out))
@@ -239,6 +341,8 @@ class _Probe:
         del module
         key = "decoder_input_ids" if self.contender.encoder_decoder else "input_ids"
         ids = kwargs.get(key, args[0] if args else None)
+        if not self.sizes:
+            self.first_fed = ids
         self.sizes.append(int(ids.shape[-1]) if ids is not None else 0)
 
     def _target_done(self, *_: Any) -> None:
@@ -247,6 +351,9 @@ class _Probe:
 
     def _encoded(self, *_: Any) -> None:
         self.prefill_end = time.perf_counter()
+
+    def _target_encoded(self, *_: Any) -> None:
+        self.target_encodes += 1
 
     def _draft_in(self, *_: Any) -> None:
         self._draft_entered = time.perf_counter()

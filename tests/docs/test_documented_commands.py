@@ -254,6 +254,7 @@ TINY_GEMMA3 = "python -m decoctl.testing.vlm_gemma3 build/tiny-gemma3"
 T5_SMALL = "optimum-cli export onnx --model google-t5/t5-small --task text2text-generation-with-past build/t5-small"
 BENCH_MODELS = ".venv-tools/bin/python tools/make_random_llama.py small 100m --out build/bench-models"
 CORPUS = ".venv/bin/python tools/corpus.py --out build/corpus"
+WHISPER_BENCH_MODEL = "build/venv-exports/bin/python tools/whisper_bench_model.py"
 EAGLE_GEMMA = "~/.local/share/decoctl/eagle-gemma"
 EAGLE_GEMMA_DIR = f"D={EAGLE_GEMMA}"
 EAGLE_GEMMA_TREE = f"{EAGLE_GEMMA}/gemma3-270m-tree"
@@ -649,6 +650,17 @@ OPT_IN: dict[str, Run] = {
         " "
         "--json build/bench/encdec-edit.json"
     ): bench_recipe(TORCH, Need.path("build/encdec-demo/hf/edit-draft", made_by="make encdec-demo")),
+    # Whisper against transformers (docs/BENCHMARKS.md, "Speech"): the model built in the test-exports environment
+    WHISPER_BENCH_MODEL: Run(
+        timeout=1800,
+        needs=(Need.path("build/venv-exports/bin/python", made_by="make test-exports (or make encdec-demo)"),),
+    ),
+    (
+        "decoctl bench -m build/whisper-bench/onnx --prompts build/whisper-bench/prompts.jsonl --threads 1 -n 128 "
+        "--repeats 3 --require-identical --contenders "
+        '"greedy,lookup=speculative(drafter=prompt-lookup),hf=hf(model=build/whisper-bench/hf),hf-lookup=hf-lookup(model=build/whisper-bench/hf)"'
+        " --json build/bench/whisper.json"
+    ): bench_recipe(TORCH, Need.path("build/whisper-bench/hf", made_by=WHISPER_BENCH_MODEL)),
     # the demo EAGLE head of `make eagle-demo` (docs/MODELS.md, "The EAGLE head"): about an hour of one core
     ".venv/bin/decoctl eagle train --target pycode --data build/corpus/train.txt --out build/eagle-demo "
     "--resume --arch eagle3 --draft-vocab 2048 --intermediate 512 --ttt-steps 2 --lr 1e-3 --max-tokens "
