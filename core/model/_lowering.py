@@ -138,7 +138,8 @@ def lower(
     for kind, found in (("session sharing the decoder's KV cache", writers), ("embedding session", embedders)):
         if len(found) > 1:
             raise ModelLoadError(
-                f"{origin}: the chunk phase holds one {kind}; this description has {[s.name for s in found]}"
+                f"{origin}: the chunk phase holds one {kind}; this description has {[s.name for s in found]}: "
+                "keep one of them (export the others into it)"
             )
     writer = writers[0] if writers else None
     embedder = embedders[0] if embedders else None
