@@ -752,7 +752,7 @@ def _text_prompts(prompts: Sequence[Prompt]) -> list[str]:
     for prompt in prompts:
         if isinstance(prompt, SpeechPrompt):
             raise ConfigError(
-                f"{prompt.where}: an audio prompt, and --batch benches text prompts: leave --batch out to bench "
+                f"{prompt.shown}: an audio prompt, and --batch benches text prompts: leave --batch out to bench "
                 "speech, one recording at a time"
             )
     return [p for p in prompts if isinstance(p, str)]

@@ -21,7 +21,7 @@ import attrs
 import numpy as np
 
 from decoctl.errors import ConfigError
-from decoctl.generation._speech import speech_request
+from decoctl.generation._speech import SpeechRequest, speech_request
 from decoctl.model._loader import LoadedModel
 
 __all__ = ["Prompt", "SpeechPrompt", "check_prompts", "is_speech_model", "prompt_ids", "speech_prompt", "speech_source"]
@@ -43,6 +43,11 @@ class SpeechPrompt:
 
     def __str__(self) -> str:
         return f"audio {self.audio.name}"
+
+    @property
+    def shown(self) -> str:
+        """Where an error names it: its prompts file's line, else its audio file."""
+        return self.where or str(self.audio)
 
 
 #: what the bench runs: a text prompt, or a recording for a speech model
@@ -80,7 +85,7 @@ def check_prompts(model: LoadedModel, prompts: Sequence[Prompt]) -> None:
     for prompt in prompts:
         if isinstance(prompt, SpeechPrompt) and not speech:
             raise ConfigError(
-                f"{prompt.where}: an audio prompt, and model {model.name} is not a speech model (its encoder, if any, "
+                f"{prompt.shown}: an audio prompt, and model {model.name} is not a speech model (its encoder, if any, "
                 "reads text): bench audio on a speech model such as an Optimum export of Whisper, or give text "
                 'prompts {"prompt": ...}'
             )
@@ -95,12 +100,20 @@ def prompt_ids(model: LoadedModel, prompt: Prompt) -> list[int]:
     """A text prompt's tokens, or a speech prompt's decoder prompt as decoctl builds it (the language detected
     where a multilingual model is given none)."""
     if isinstance(prompt, SpeechPrompt):
-        request = speech_request(model, "", str(prompt.audio), language=prompt.language, task=prompt.task)
-        return [int(t) for t in request.ids]
+        return [int(t) for t in _request(model, prompt).ids]
     ids: list[int] = model.tokenizer.encode(prompt)
     return ids
 
 
 def speech_source(model: LoadedModel, prompt: SpeechPrompt) -> np.ndarray:
     """The recording's first window as the speech encoder reads it: float32[1, mel, frames]."""
-    return speech_request(model, "", str(prompt.audio), language=prompt.language, task=prompt.task).source
+    return _request(model, prompt).source
+
+
+def _request(model: LoadedModel, prompt: SpeechPrompt) -> SpeechRequest:
+    """decoctl's speech request for the recording; ConfigError naming the prompt where its file cannot be read as
+    the model's audio (not PCM WAV, another sampling rate)."""
+    try:
+        return speech_request(model, "", str(prompt.audio), language=prompt.language, task=prompt.task)
+    except ValueError as exc:
+        raise ConfigError(f"{prompt.shown}: {exc}") from exc

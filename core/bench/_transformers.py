@@ -252,7 +252,7 @@ class TransformersContender:
         language and task of ``prompt_ids`` (the decoder prompt decoctl built: start, language, task,
         ``<|notimestamps|>``)."""
         if self.audio is None:
-            raise ConfigError(f"{prompt.where}: an audio prompt, and contender {self.name} runs a text model")
+            raise ConfigError(f"{prompt.shown}: an audio prompt, and contender {self.name} runs a text model")
         samples = read_audio(str(prompt.audio), self.audio)
         rate = self.audio.sampling_rate
         features = self.extractor(samples, sampling_rate=rate, return_tensors="pt")["input_features"]

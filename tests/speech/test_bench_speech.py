@@ -82,6 +82,20 @@ def test_text_prompts_on_a_speech_model_are_refused_naming_the_model(
     assert "model whisper is a speech model and the prompt 'def fibonacci(n):\\n' is text" in capsys.readouterr().err
 
 
+def test_a_recording_at_another_sampling_rate_is_refused_naming_its_line(
+    whisper: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with wave.open(str(tmp_path / "low.wav"), "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(8000)
+        writer.writeframes(np.zeros(8000, "<i2").tobytes())
+    prompts = _prompts(tmp_path, [{"audio": "low.wav", "language": "en"}])
+    args = ["bench", "-m", str(whisper.folder("whisper")), "--contenders", "greedy", "--prompts", str(prompts)]
+    assert main([*args, "-n", "2", "--repeats", "1", "--no-huge-pages"]) == 2
+    assert f"{prompts}:1: {tmp_path / 'low.wav'} is sampled at 8000 Hz" in capsys.readouterr().err
+
+
 def test_an_audio_path_is_read_relative_to_the_prompts_file(recordings: Path) -> None:
     prompts = load_prompts(str(recordings))
     assert prompts == [
