@@ -115,5 +115,5 @@ def _request(model: LoadedModel, prompt: SpeechPrompt) -> SpeechRequest:
     the model's audio (not PCM WAV, another sampling rate)."""
     try:
         return speech_request(model, "", str(prompt.audio), language=prompt.language, task=prompt.task)
-    except ValueError as exc:
+    except (ConfigError, ValueError) as exc:
         raise ConfigError(f"{prompt.shown}: {exc}") from exc

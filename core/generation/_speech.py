@@ -127,11 +127,15 @@ class SpeechRequest:
 
 
 def read_audio(audio: Any, features: AudioFeatures) -> np.ndarray:
-    """``audio`` as float32[samples]: a path to a PCM WAV file, its bytes, or samples at the model's rate."""
-    if isinstance(audio, str | Path):
-        return read_wav(Path(audio), sampling_rate=features.sampling_rate)
-    if isinstance(audio, bytes | bytearray):
-        return read_wav(io.BytesIO(bytes(audio)), sampling_rate=features.sampling_rate)
+    """``audio`` as float32[samples]: a path to a PCM WAV file, its bytes, or samples at the model's rate.
+    ConfigError naming the file where it cannot be read as the model's audio (not PCM WAV, another rate)."""
+    try:
+        if isinstance(audio, str | Path):
+            return read_wav(Path(audio), sampling_rate=features.sampling_rate)
+        if isinstance(audio, bytes | bytearray):
+            return read_wav(io.BytesIO(bytes(audio)), sampling_rate=features.sampling_rate)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     samples = np.asarray(audio, dtype=np.float32)
     if samples.ndim != 1:
         raise ConfigError(

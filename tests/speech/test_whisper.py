@@ -212,6 +212,26 @@ def test_the_command_line_transcribes_a_wav_file_window_by_window(
     assert capsys.readouterr().out == expected.text + "\n"
 
 
+def test_the_command_line_refuses_a_wav_file_at_another_rate_naming_it(
+    whisper: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from decoctl.cli import main
+
+    path = tmp_path / "low.wav"
+    with wave.open(str(path), "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(8000)
+        writer.writeframes(np.zeros(8000, "<i2").tobytes())
+    code = main(["generate", "-m", str(whisper.folder("whisper")), "--audio", str(path), "--stats", "none"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{path} is sampled at 8000 Hz" in err and "ffmpeg" in err
+    assert "unexpected" not in err and "Traceback" not in err
+    with pytest.raises(ConfigError, match="8000 Hz"):
+        _greedy(whisper).generate("", audio=path, max_new_tokens=2)
+
+
 def test_the_command_line_refuses_language_without_audio(whisper: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from decoctl.cli import main
 
