@@ -709,6 +709,12 @@ class Host:
     def target(self) -> Sequence:
         return self._roles["target"]
 
+    def _move_role(self, name: str, sequence: Sequence) -> None:
+        """Role ``name`` goes on in ``sequence`` (a serving engine resuming a preempted request on another row of
+        the batched buffer, its tokens fed there again); the host's other state stays as it is."""
+        self.role(name)
+        self._roles[name] = sequence
+
     @property
     def roles(self) -> tuple[str, ...]:
         return tuple(self._roles)

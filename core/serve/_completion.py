@@ -49,6 +49,11 @@ class Completion:
     followers: list[Completion] = attrs.field(factory=list)
     #: completion i > 0 of such a request: it waits for its leader's prompt instead of feeding its own
     leader: Completion | None = None
+    #: preempted: the tokens its row held (prompt and answer so far), fed again as a prompt when it is resumed, and
+    #: its target's counters, kept while it holds no row; ``resuming`` while that history goes in
+    history: np.ndarray | None = None
+    kept_stats: Any = None
+    resuming: bool = False
 
     def moves_to(self, new: RequestState) -> None:
         self.state = move(self.state, new)
@@ -76,4 +81,11 @@ class Completion:
             resumable=self.resumable,
             placed=self.placed,
             cancelled=self.handle.cancelled,
+            request=self.handle,
+            priority=self.handle.request.priority,
         )
+
+    @property
+    def stats(self) -> Any:
+        """Its target's counters (SequenceStats), also while preempted."""
+        return self.kept_stats if self.kept_stats is not None else self.host.target.stats

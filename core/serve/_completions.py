@@ -228,6 +228,7 @@ class Completions:
                 logprobs=logprobs,
                 images=images,
                 adapter=self.edge.adapter_index(body.model),
+                priority=body.decoctl.priority if body.decoctl is not None else 0,
             )
             for ids in prompts
         ]

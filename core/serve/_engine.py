@@ -53,7 +53,7 @@ draw from their own seeded streams: completion 0 from ``default_rng(seed)``, com
 
 from __future__ import annotations
 
-import collections
+import bisect
 import itertools
 import threading
 import time
@@ -192,7 +192,9 @@ class Engine:
         self._free = list(range(max_rows))
         #: the live completions by row, in the order they were admitted (the order their prompts go in)
         self._slots: dict[int, Completion] = {}
-        self._queue: collections.deque[Handle] = collections.deque()
+        #: the waiting requests by priority, then arrival (a preempted request keeps its arrival)
+        self._queue: list[Handle] = []
+        self._arrivals = itertools.count()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._closing = False
@@ -227,6 +229,10 @@ class Engine:
     @property
     def resumed(self) -> int:
         return self.executor.resumed
+
+    @property
+    def preempted(self) -> int:
+        return self.executor.preempted
 
     # -- the caller's side (any thread) ------------------------------------------------------------------------
     @property
@@ -269,9 +275,15 @@ class Engine:
                 raise QueueFullError(
                     f"{len(self._queue)} requests are waiting for rows (--max-queue {self.max_queue}): retry later"
                 )
-            self._queue.append(handle)
+            handle.arrival = next(self._arrivals)
+            self._enqueue(handle)
             self._wake.notify()
         return handle
+
+    def _enqueue(self, handle: Handle) -> None:
+        """Into the queue at its priority, after the requests of its priority that arrived before it (call with
+        the lock held)."""
+        bisect.insort(self._queue, handle, key=lambda h: (h.request.priority, h.arrival))
 
     def start(self) -> None:
         """Start the engine thread (once)."""
@@ -337,12 +349,14 @@ class Engine:
     def _cut(self, waiting: list[Handle]) -> int:
         """The drain's time is up: end every live completion where it is (finish_reason "shutdown") and fail the
         requests that never got a row; how many completions were cut."""
-        live = list(self._slots.values())
+        live = list(self._slots.values()) + [slot for handle in waiting for slot in handle.preempted]
         for slot in live:
             self._flush(slot)
             self._end(slot, "shutdown")
         for handle in waiting:
-            handle._emit(Failed(message="the server shut down before the request got a row", unavailable=True))
+            if not handle.preempted:
+                handle._emit(Failed(message="the server shut down before the request got a row", unavailable=True))
+            handle.preempted = []
         return len(live)
 
     def _die(self, exc: BaseException) -> None:
@@ -371,30 +385,23 @@ class Engine:
         """One step: the scheduler plans, the executor runs the plan, the engine applies what it reports."""
         with self._wake:
             # the queue's head: no step admits more requests than there are rows
-            waiting = list(itertools.islice(self._queue, self.max_rows))
+            waiting = self._queue[: self.max_rows]
         cached: dict[Handle, int] = {}
         plan = self.scheduler.plan(
             [slot.view() for slot in self._slots.values()],
-            [
-                WaitingView(
-                    key=handle,
-                    prompt=len(handle.request.ids),
-                    completions=handle.request.n,
-                    batched=handle.plan.batched,
-                    images=handle.request.images is not None,
-                    cancelled=handle.cancelled,
-                    cached=cached.setdefault(handle, self.executor.cached(handle)),
-                )
-                for handle in waiting
-            ],
+            [self._waiting_view(handle, cached) for handle in waiting],
             self._free,
         )
         for row in plan.cancel:
             self._end(self._slots[row], "cancelled")
+        preempted = [self._preempt(self._slots[row]) for row in plan.preempt]
         taken = len(plan.drop) + len(plan.admit)
         with self._wake:  # the scheduler took (dropped or admitted) the queue's first ``taken`` requests
-            for _ in range(taken):
-                self._queue.popleft()
+            del self._queue[:taken]
+            for handle in {id(h): h for h in preempted}.values():
+                self._enqueue(handle)
+        for key in plan.drop:
+            self._drop(key)
         for admission in plan.admit:
             self._admit(admission.key, admission.rows, admission.shared, cached[admission.key])
         for row in plan.placed:
@@ -408,10 +415,47 @@ class Engine:
         for slot in list(self._slots.values()):
             self._flush(slot)
 
+    def _waiting_view(self, handle: Handle, cached: dict[Handle, int]) -> WaitingView:
+        """What the scheduler sees of a queued request (a preempted one: its completion's history as its prompt)."""
+        history = handle.preempted[0].history if handle.preempted else None
+        return WaitingView(
+            key=handle,
+            prompt=len(handle.request.ids) if history is None else len(history),
+            completions=len(handle.preempted) or handle.request.n,
+            batched=handle.plan.batched,
+            images=handle.request.images is not None,
+            cancelled=handle.cancelled,
+            cached=cached.setdefault(handle, self.executor.cached(handle, history)),
+            priority=handle.request.priority,
+            resumed=history is not None,
+        )
+
+    def _preempt(self, slot: Completion) -> Handle:
+        """The scheduler gave the slot's row to a request of a higher priority: its state kept with its request,
+        which waits again (it is queued back after this step's admissions are taken from the queue)."""
+        self._flush(slot)
+        self._slots.pop(slot.row)
+        row = slot.row
+        self.executor.preempt(slot)
+        self._free.append(row)
+        self._free.sort()
+        slot.handle.preempted.append(slot)
+        log.debug("decoctl.serve.preempted", row=row, priority=slot.handle.request.priority)
+        return slot.handle
+
+    def _drop(self, handle: Handle) -> None:
+        """A waiting request whose client left: a preempted one's completions end as cancelled, as a live row's do."""
+        parked, handle.preempted = handle.preempted, []
+        for slot in parked:
+            self._end(slot, "cancelled")
+
     def _admit(self, handle: Handle, rows: tuple[int, ...], shared: bool, cached: int) -> None:
-        """Open ``handle``'s completions on ``rows``; ``shared``: completion 0's prompt is copied into the others'
-        rows (one prefill); ``cached``: the prompt's tokens the prefix cache copies into each row that feeds its own.
-        A completion that cannot be opened fails the request."""
+        """Open ``handle``'s completions on ``rows`` (a preempted request's: resume them there); ``shared``:
+        completion 0's prompt is copied into the others' rows (one prefill); ``cached``: the prompt's tokens the
+        prefix cache copies into each row that feeds its own. A completion that cannot be opened fails the request."""
+        if handle.preempted:
+            self._resume(handle, rows, cached)
+            return
         started: list[Completion] = []
         try:
             for index, row in enumerate(rows):
@@ -435,8 +479,26 @@ class Engine:
             self._slots[slot.row] = slot
             self._flush(slot)
 
+    def _resume(self, handle: Handle, rows: tuple[int, ...], cached: int) -> None:
+        """Resume a preempted request's completions on ``rows``: each feeds its history as a prompt, then decodes
+        on. A completion that cannot be resumed fails the request."""
+        parked, handle.preempted = handle.preempted, []
+        for slot, row in zip(parked, rows, strict=True):
+            self._free.remove(row)
+            try:
+                self.executor.reopen(slot, row, cached=cached)
+            except Exception as exc:
+                self._free.append(row)
+                self._free.sort()
+                handle.preempted = [s for s in parked if s.row < 0]
+                self._fail_request(handle, exc)
+                return
+            self._slots[row] = slot
+
     def _release(self, slot: Completion) -> None:
-        """Give the completion's row and sequences back."""
+        """Give the completion's row and sequences back (a preempted completion holds none)."""
+        if slot.row < 0:
+            return
         self._slots.pop(slot.row, None)
         if slot.row not in self._free:
             self.executor.release(slot)
@@ -463,7 +525,7 @@ class Engine:
         output_tokens = tuple(int(t) for t in host.output_tokens)
         first = host.completions()[0][0]
         stop_reason = cancelled or first.stop_reason
-        forwards = host.target.stats.forwards - slot.forwards_at_decode
+        forwards = slot.stats.forwards - slot.forwards_at_decode
         slot.moves_to(RequestState.CANCELLED if cancelled == "cancelled" else RequestState.FINISHED)
         if cancelled is None:
             self.executor.keep(slot)  # the prompt and its answer: the next chat turn's prefix
@@ -486,9 +548,10 @@ class Engine:
 
     def _fail_request(self, handle: Handle, exc: BaseException) -> None:
         """End every completion of ``handle`` and tell it why (the message only: never a traceback)."""
-        for slot in [s for s in self._slots.values() if s.handle is handle]:
+        for slot in [s for s in self._slots.values() if s.handle is handle] + handle.preempted:
             slot.moves_to(RequestState.FAILED)
             self._release(slot)
+        handle.preempted = []
         if isinstance(exc, DecoctlError):
             message = str(exc)
         else:

@@ -97,6 +97,7 @@ class Executor:
         self.batched_runs = 0
         self.joined = 0
         self.resumed = 0
+        self.preempted = 0
 
     # -- set-up ----------------------------------------------------------------------------------------------------
     def warm(self) -> None:
@@ -139,12 +140,56 @@ class Executor:
             self.rows[row].stats = SequenceStats()
 
     # -- a completion's row ------------------------------------------------------------------------------------------
-    def cached(self, handle: Handle) -> int:
-        """How many of ``handle``'s prompt tokens the prefix cache would copy into a row now."""
+    def cached(self, handle: Handle, ids: np.ndarray | None = None) -> int:
+        """How many of ``handle``'s prompt tokens (``ids``: a preempted completion's history instead) the prefix
+        cache would copy into a row now."""
         if self.prefix_cache is None:
             return 0
-        ids, room = np.asarray(handle.request.ids, np.int64), reuse_limit(self.rows[0].runner.kv)
+        ids = np.asarray(handle.request.ids if ids is None else ids, np.int64)
+        room = reuse_limit(self.rows[0].runner.kv)
         return self.prefix_cache.cached(ids, room, handle.request.images, handle.request.adapter)
+
+    def preempt(self, completion: Completion) -> None:
+        """Give up the decoding completion's row: what its row holds (prompt and answer so far) becomes its
+        history, kept by the prefix cache where there is one (its resumption copies it back, bitwise), and the row
+        is emptied. Its host, controller, chain and output stay with it."""
+        target = completion.host.target
+        completion.history = np.array(target.tokens, np.int64)
+        completion.kept_stats = target.stats
+        target.stats = SequenceStats()
+        self.keep(completion)
+        self.costs.forget(completion)
+        target.rewind(0)
+        completion.row = -1
+        completion.moves_to(_S.PREEMPTED)
+        self.preempted += 1
+
+    def reopen(self, completion: Completion, row: int, *, cached: int = 0) -> None:
+        """Resume preempted ``completion`` on free row ``row``: its history goes in through the plans' chunks as a
+        prompt (after the ``cached`` tokens the prefix cache copies), then its controller goes on where it stopped."""
+        assert completion.history is not None
+        request = completion.handle.request
+        target = self.rows[row]
+        target.rewind(0)
+        target.stats = completion.kept_stats
+        completion.kept_stats = None
+        if self.models["target"].adapters is not None:
+            target.runner.adapter = request.adapter
+        completion.host._move_role("target", target)
+        completion.roles["target"] = target
+        completion.row = row
+        completion.prompt = completion.history
+        completion.history = None
+        completion.resuming = True
+        completion.moves_to(_S.PREFILLING)
+        if cached:
+            assert self.prefix_cache is not None
+            copied = self.prefix_cache.restore(target, completion.prompt, limit=cached)
+            if copied != cached:
+                raise SequenceError(
+                    f"the prefix cache copied {copied} tokens of a preempted request's history the plan counted "
+                    f"{cached} cached for: the cache changed between the plan and the admission"
+                )
 
     def open(self, handle: Handle, index: int, row: int, *, cached: int = 0) -> Completion:
         """Completion ``index`` of ``handle`` on free row ``row``: its host, logits chain and controller (its prompt
@@ -317,8 +362,13 @@ class Executor:
         return copied
 
     def _started(self, completion: Completion) -> None:
-        """The whole prompt is in the row's KV, its last logits ready: start the completion's controller."""
+        """The whole prompt is in the row's KV, its last logits ready: start the completion's controller (a resumed
+        completion's goes on where it stopped)."""
         host = completion.host
+        if completion.resuming:
+            completion.resuming = False
+            completion.moves_to(_S.DECODING)
+            return
         self.keep(completion)
         completion.controller.start(host)
         completion.forwards_at_decode = host.target.stats.forwards

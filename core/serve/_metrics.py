@@ -49,6 +49,12 @@ class Metrics:
             registry=self.registry,
         )
         resumed.set_function(lambda: engine.resumed)
+        preempted = Gauge(
+            "decoctl_rows_preempted",
+            "decoding rows given up to a request of a higher priority (resumed later from their history)",
+            registry=self.registry,
+        )
+        preempted.set_function(lambda: engine.preempted)
         cache = engine.prefix_cache
         for name, text, read in (
             ("decoctl_prefix_cache_hits", "admissions that copied a cached prefix (--prefix-cache-mb)", "hits"),

@@ -35,6 +35,8 @@ class DecoctlChoice(_Strict):
     controller: str | None = None
     options: dict[str, Annotated[Any, Field()]] = Field(default_factory=dict)
     processors: str | None = None
+    #: lower runs first; a decoding request of a higher value may be preempted for it (resumed later)
+    priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1)
 
 
 class StreamOptions(_Strict):

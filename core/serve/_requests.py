@@ -66,6 +66,9 @@ class EngineRequest:
     images: ImageFeatures | None = None
     #: the table of the target's stacked LoRA slots the request runs (0: the base model; decoctl.model._adapters)
     adapter: int = 0
+    #: lower runs first: queued ahead of higher values, and a request of a higher value that decodes may be
+    #: preempted for it (decoctl.serve._scheduler); 0 by default
+    priority: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -158,6 +161,10 @@ class Handle:
         self._on_event = on_event
         self._cancelled = threading.Event()
         self.submitted = time.perf_counter()
+        #: its place among requests of its priority (the engine's queue keeps (priority, arrival) order)
+        self.arrival = 0
+        #: its completions while preempted (they wait with it, to be resumed on the rows it gets next)
+        self.preempted: list[Any] = []
 
     def cancel(self) -> None:
         """Give the request up (its client left): the engine ends it at its next step and frees its rows."""

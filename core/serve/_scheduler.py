@@ -8,9 +8,15 @@ completion, ``WaitingView`` for each queued request, the free rows) and the join
 executor (decoctl.serve._executor) then runs the plan. What a step decides, in order:
 
 1. the rows whose client left are ended (their rows free for this step's admissions);
-2. waiting requests are admitted in order while the first one's completions fit in the free rows (each completion
-   a row of its own, the lowest free first); a request's n completions of a batched controller share one prefill:
-   completion 0's prompt goes in, and the others' rows copy it before its last token (``Admission.shared``);
+2. waiting requests are admitted in order (the engine keeps its queue by priority, then arrival) while the first
+   one's completions fit in the free rows (each completion a row of its own, the lowest free first); a request's n
+   completions of a batched controller share one prefill: completion 0's prompt goes in, and the others' rows copy it
+   before its last token (``Admission.shared``). Where the first does not fit, requests of a lower priority that
+   hold one row, decoding (a batched controller's row past its prompt, without images: its whole state is the
+   tokens in the row beside what its host keeps) are preempted for it (``preempt``), the lowest priority and the
+   latest admitted first, but only where that frees enough rows: a preempted request waits again and is resumed
+   (``WaitingView.resumed``) by feeding its history, the prompt and its answer so far, as a prompt; never when
+   deterministic (its history's KV would be computed by other forwards than its offline twin's);
 3. which speculating rows (drafting ones whose tokens are greedy's, and those the batched Run steps for them) step in
    the Run and which draft: the join rule weighs them together (``JoinRule.choose``);
 4. the prompts' chunks: with rows decoding, the step has a budget of prompt work (``JoinRule.prefill_budget``)
@@ -69,6 +75,9 @@ class RowView:
     #: the join rule placed it at least once (a fresh row has no place to keep)
     placed: bool = False
     cancelled: bool = False
+    #: its request (all of a request's rows are preempted together) and the request's priority (lower runs first)
+    request: Hashable = None
+    priority: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -83,6 +92,11 @@ class WaitingView:
     cancelled: bool = False
     #: its prompt's tokens the prefix cache copies into each of its rows at admission (they are not fed)
     cached: int = 0
+    #: lower runs first; a request of a lower priority may be preempted for it
+    priority: int = 0
+    #: a preempted request coming back: its ``prompt`` is its history (prompt and answer so far), fed as a prompt,
+    #: after which its controller goes on where it stopped (it does not start again)
+    resumed: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -121,11 +135,13 @@ class PromptChunk:
 
 @attrs.frozen(kw_only=True)
 class StepPlan:
-    """What one engine step does (decoctl.serve._executor runs it), in this order: ``cancel``, ``drop``, ``admit``,
-    ``chunks``, ``resume``, ``join``, ``draft``, ``decode``, then the batched Run."""
+    """What one engine step does (decoctl.serve._executor runs it), in this order: ``cancel``, ``preempt``, ``drop``,
+    ``admit``, ``chunks``, ``resume``, ``join``, ``draft``, ``decode``, then the batched Run."""
 
     #: live rows whose client left: ended ("cancelled") and freed before anything else
     cancel: tuple[int, ...] = ()
+    #: live rows given up to a request of a higher priority: their requests wait again, to be resumed
+    preempt: tuple[int, ...] = ()
     #: waiting requests whose client left before they got rows: dropped from the queue
     drop: tuple[Hashable, ...] = ()
     admit: tuple[Admission, ...] = ()
@@ -166,8 +182,9 @@ class Scheduler:
         """The next step's plan for the live ``rows`` (in the order they were admitted), the ``waiting`` requests (in
         queue order) and the ``free`` rows."""
         cancel = tuple(r.row for r in rows if r.cancelled)
-        drop, admit, admitted = self._admissions(waiting, sorted([*free, *cancel]))
-        live = [r for r in rows if not r.cancelled] + admitted
+        running = [r for r in rows if not r.cancelled]
+        drop, admit, admitted, preempt = self._admissions(waiting, sorted([*free, *cancel]), running)
+        live = [r for r in running if r.row not in preempt] + admitted
         decoding = [r for r in live if r.state is not _S.PREFILLING]
         speculating = [r for r in decoding if r.state is _S.JOINED or (r.state is _S.DRAFTING and r.joinable)]
         batch_rows = [r.row for r in decoding if r.state is _S.DECODING]
@@ -203,6 +220,7 @@ class Scheduler:
                 draft.append(r.row)
         return StepPlan(
             cancel=cancel,
+            preempt=tuple(sorted(preempt)),
             drop=tuple(drop),
             admit=tuple(admit),
             chunks=tuple(chunks),
@@ -215,21 +233,27 @@ class Scheduler:
         )
 
     def _admissions(
-        self, waiting: Sequence[WaitingView], free: list[int]
-    ) -> tuple[list[Hashable], list[Admission], list[RowView]]:
+        self, waiting: Sequence[WaitingView], free: list[int], running: Sequence[RowView]
+    ) -> tuple[list[Hashable], list[Admission], list[RowView], set[int]]:
         """The waiting requests dropped (their client left) and admitted, in order while the first one's
-        completions fit in ``free``; and the admitted completions as the rows they become."""
+        completions fit in ``free`` (or in the rows of lower-priority requests preempted for it); the admitted
+        completions as the rows they become; the preempted rows."""
         drop: list[Hashable] = []
         admit: list[Admission] = []
         admitted: list[RowView] = []
+        preempt: set[int] = set()
         for request in waiting:
             if request.cancelled:
                 drop.append(request.key)
                 continue
             if len(free) < request.completions:
-                break
+                taken = self._preemptible(request, running, preempt, request.completions - len(free))
+                if not taken:
+                    break
+                preempt |= taken
+                free = sorted([*free, *taken])
             rows, free = tuple(free[: request.completions]), free[request.completions :]
-            shared = len(rows) > 1 and self._runs_last(request.batched, request.images)
+            shared = len(rows) > 1 and self._runs_last(request.batched, request.images) and not request.resumed
             admit.append(Admission(key=request.key, rows=rows, shared=shared))
             for index, row in enumerate(rows):
                 admitted.append(
@@ -243,9 +267,34 @@ class Scheduler:
                         images=request.images,
                         leader=rows[0] if shared and index else None,
                         followers=rows[1:] if shared and not index else (),
+                        priority=request.priority,
                     )
                 )
-        return drop, admit, admitted
+        return drop, admit, admitted, preempt
+
+    def _preemptible(self, request: WaitingView, running: Sequence[RowView], taken: set[int], needed: int) -> set[int]:
+        """The rows of lower-priority requests to preempt so that ``request`` gets ``needed`` more rows: requests
+        holding one decoding row, the lowest priority first, then the latest admitted; none where they do not free
+        enough (or when deterministic)."""
+        if self.deterministic:
+            return set()
+        by_request: dict[Hashable, list[RowView]] = {}
+        for r in running:
+            if r.row not in taken:
+                by_request.setdefault(r.request if r.request is not None else r.key, []).append(r)
+        candidates = [
+            (rows[0].priority, order, rows)
+            for order, rows in enumerate(by_request.values())
+            if rows[0].priority > request.priority
+            and len(rows) == 1
+            and all(r.state is _S.DECODING and r.batched and not r.images for r in rows)
+        ]
+        chosen: set[int] = set()
+        for _, _, rows in sorted(candidates, key=lambda c: (-c[0], -c[1])):
+            if len(chosen) >= needed:
+                break
+            chosen.update(r.row for r in rows)
+        return chosen if len(chosen) >= needed else set()
 
     def _runs_last(self, batched: bool, images: bool) -> bool:
         """Whether a row may feed its prompt's last token in the batched Run: a batched controller's row, with no

@@ -1,6 +1,8 @@
 """A request's states in the serving engine and the moves between them, written once.
 
     waiting ──> prefilling ──> decoding ──> finished
+       │            ▲  │            │
+       │            │  │            └──> preempted ──> prefilling (its history fed again on a free row)
        │            │  └─────> drafting <──> joined
        │            │              │            │
        └────────────┴──────────────┴────────────┴──> cancelled | failed (| finished: a drain cut it)
@@ -12,6 +14,9 @@
 - **joined**: a drafting row whose tokens are greedy's, stepped by greedy in the batched Run while the join rule
   finds that cheaper (decoctl.serve._join_rule); it drafts again when the rule says so (``resume``), and a row whose
   controller cannot take it back joins for good (it is then decoding);
+- **preempted**: a decoding row that gave its row to a request of a higher priority (decoctl.serve._scheduler): it
+  waits in the queue again, its host, controller, chain and output kept; when it gets a row its history (prompt and
+  answer so far) goes in again, copied from the prefix cache where it keeps it, and it decodes on from there;
 - **finished**, **cancelled** (its client left), **failed** (its controller or chain raised, or the engine stopped):
   the row is freed and no move leaves these.
 
@@ -35,6 +40,7 @@ class RequestState(enum.Enum):
     DECODING = "decoding"
     DRAFTING = "drafting"
     JOINED = "joined"
+    PREEMPTED = "preempted"
     FINISHED = "finished"
     CANCELLED = "cancelled"
     FAILED = "failed"
@@ -50,11 +56,13 @@ MOVES: Mapping[RequestState, frozenset[RequestState]] = {
     _S.WAITING: frozenset({_S.PREFILLING, _S.CANCELLED, _S.FAILED}),
     # a drain's time running out ends a live row with finish_reason "shutdown": finished, whatever its state
     _S.PREFILLING: frozenset({_S.DECODING, _S.DRAFTING, _S.FINISHED, _S.CANCELLED, _S.FAILED}),
-    _S.DECODING: frozenset({_S.FINISHED, _S.CANCELLED, _S.FAILED}),
+    _S.DECODING: frozenset({_S.PREEMPTED, _S.FINISHED, _S.CANCELLED, _S.FAILED}),
     # DECODING: joined for good (its controller cannot take the row back)
     _S.DRAFTING: frozenset({_S.JOINED, _S.DECODING, _S.FINISHED, _S.CANCELLED, _S.FAILED}),
     # DECODING: its KV no longer in the state its controller resumes from, it stays in the Run for good
     _S.JOINED: frozenset({_S.DRAFTING, _S.DECODING, _S.FINISHED, _S.CANCELLED, _S.FAILED}),
+    # PREFILLING: its history goes in again on a free row; FINISHED: a drain's time ran out while it waited
+    _S.PREEMPTED: frozenset({_S.PREFILLING, _S.FINISHED, _S.CANCELLED, _S.FAILED}),
     _S.FINISHED: frozenset(),
     _S.CANCELLED: frozenset(),
     _S.FAILED: frozenset(),

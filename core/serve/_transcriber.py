@@ -121,6 +121,7 @@ class Transcriber:
         self.steps = 0
         self.joined = 0
         self.resumed = 0
+        self.preempted = 0
 
     # -- the caller's side (any thread) ----------------------------------------------------------------------------
     @property

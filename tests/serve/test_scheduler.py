@@ -199,3 +199,73 @@ def test_before_any_cost_is_measured_prompts_go_in_whole_beside_decoding_rows() 
 
 def test_an_idle_engine_plans_nothing() -> None:
     assert Scheduler(measured(), max_rows=2).plan([], [], [0, 1]) == StepPlan()
+
+
+# -- preemption: a request of a higher priority takes the rows of lower-priority ones that decode ----------------------
+def ranked(row: int, priority: int, state: RequestState = S.DECODING, **given: Any) -> RowView:
+    fields: dict[str, Any] = {"prompt": 5, "fed": 5, **given}
+    return RowView(key=f"row {row}", row=row, state=state, request=f"request {row}", priority=priority, **fields)
+
+
+def test_a_higher_priority_request_preempts_the_lowest_priority_latest_admitted_decoding_row() -> None:
+    rows = [ranked(0, 5), ranked(1, 5), ranked(2, 3)]
+    plan = Scheduler(measured(), max_rows=3).plan(rows, [WaitingView(key="urgent", prompt=4, priority=0)], [])
+    assert plan.preempt == (1,)  # priority 5 before 3; of the two at 5, the one admitted last
+    assert plan.admit == (Admission(key="urgent", rows=(1,)),)
+    assert plan.decode == (0, 2)  # the preempted row decodes no more; its new request's prompt starts there
+    assert [(c.row, c.start) for c in plan.chunks] == [(1, 0)]
+
+
+def test_no_preemption_for_a_request_of_the_same_or_a_lower_priority() -> None:
+    rows = [ranked(0, 2), ranked(1, 2)]
+    for priority in (2, 7):
+        plan = Scheduler(measured(), max_rows=2).plan(rows, [WaitingView(key="w", prompt=4, priority=priority)], [])
+        assert plan.preempt == () and plan.admit == ()
+
+
+def test_only_decoding_rows_of_batched_one_row_requests_without_images_are_preempted() -> None:
+    kept = [
+        ranked(0, 9, S.PREFILLING, fed=2),
+        ranked(1, 9, S.DRAFTING, batched=False),
+        ranked(2, 9, S.JOINED, batched=False),
+        ranked(3, 9, images=True),
+    ]
+    # two rows of one request (n = 2): preempting one would split the request
+    pair = [
+        RowView(key="a", row=4, state=S.DECODING, request="pair", priority=9),
+        RowView(key="b", row=5, state=S.DECODING, request="pair", priority=9),
+    ]
+    plan = Scheduler(measured(), max_rows=6).plan([*kept, *pair], [WaitingView(key="w", prompt=4, priority=0)], [])
+    assert plan.preempt == () and plan.admit == ()
+
+
+def test_preemption_frees_enough_rows_or_none() -> None:
+    rows = [ranked(0, 5), ranked(1, 0), ranked(2, 0)]
+    plan = Scheduler(measured(), max_rows=3).plan(
+        rows, [WaitingView(key="two", prompt=4, completions=2, priority=0)], []
+    )
+    assert plan.preempt == () and plan.admit == ()  # one preemptible row of the two it needs: nobody is preempted
+    plan = Scheduler(measured(), max_rows=3).plan(
+        [ranked(0, 5), ranked(1, 0), ranked(2, 4)], [WaitingView(key="two", prompt=4, completions=2, priority=0)], []
+    )
+    assert plan.preempt == (0, 2)
+    assert plan.admit[0].rows == (0, 2)
+
+
+def test_a_free_row_is_taken_before_any_row_is_preempted() -> None:
+    plan = Scheduler(measured(), max_rows=2).plan([ranked(0, 5)], [WaitingView(key="w", prompt=4, priority=0)], [1])
+    assert plan.preempt == () and plan.admit == (Admission(key="w", rows=(1,)),)
+
+
+def test_deterministic_never_preempts() -> None:
+    plan = Scheduler(measured(), max_rows=1, deterministic=True).plan(
+        [ranked(0, 5)], [WaitingView(key="w", prompt=4, priority=0)], []
+    )
+    assert plan.preempt == () and plan.admit == ()
+
+
+def test_a_resumed_request_feeds_its_history_as_a_prompt_in_a_row_of_its_own() -> None:
+    waiting = [WaitingView(key="back", prompt=40, cached=32, resumed=True, priority=3)]
+    plan = Scheduler(measured(), max_rows=2).plan([], waiting, [0, 1])
+    assert plan.admit == (Admission(key="back", rows=(0,)),)
+    assert plan.chunks == (PromptChunk(row=0, start=32, size=8, logits=True, then=ChunkEnd.START),)
