@@ -57,6 +57,18 @@ case $SERVER in
     *) echo "SERVER=$SERVER: python (llama-cpp-python's) or cpp (llama.cpp's llama-server)" >&2; exit 2 ;;
 esac
 
+# ggml built with -march=native uses AMX where the CPU lists it; on the 2-core Xeon (AMX) under KVM these figures come
+# from, its AMX matmul dies at its first tile instruction (SIGILL at tilezero in tinygemm_kernel_amx), so llama.cpp is
+# built without AMX by default (its AVX-512 VNNI kernels); LLAMA_AMX=native keeps -march=native's AMX.
+LLAMA_AMX=${LLAMA_AMX:-off}
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+AMX_FLAGS=()
+AMX_CMAKE_ARGS=""
+if [ "$LLAMA_AMX" = off ] && grep -q amx_tile /proc/cpuinfo; then
+    AMX_FLAGS=("-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX")
+    AMX_CMAKE_ARGS="-DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'"
+fi
+
 installed() { "$VENV/bin/python" -c "import importlib.metadata as m, llama_cpp.server; \
 assert m.version('llama-cpp-python') == '$LLAMA_CPP_PYTHON'" 2>/dev/null; }
 
@@ -68,7 +80,8 @@ if ! installed; then
     "$VENV/bin/pip" download -q --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON" -d build/llama-sdist
     mkdir -p "$SRC"
     tar xzf "build/llama-sdist/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz" -C "$SRC" --strip-components 1
-    CMAKE_BUILD_PARALLEL_LEVEL=$JOBS "$VENV/bin/pip" install -C "build-dir=$PWD/$CMAKE_BUILD" "./$SRC[server]"
+    CMAKE_ARGS="$AMX_CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
+        "$VENV/bin/pip" install -C "build-dir=$PWD/$CMAKE_BUILD" "./$SRC[server]"
 fi
 
 if [ ! -s "$Q4" ]; then
@@ -83,12 +96,15 @@ if [ ! -s "$Q4" ]; then
 fi
 
 TOOLS_BIN=$CMAKE_BUILD/bin
-if [ ! -x "$TOOLS_BIN/llama-quantize" ] || [ ! -x "$TOOLS_BIN/llama-server" ]; then
+NO_AMX_STAMP=$CMAKE_BUILD/tools-built-without-amx
+if [ ! -x "$TOOLS_BIN/llama-quantize" ] || [ ! -x "$TOOLS_BIN/llama-server" ] \
+    || { [ ${#AMX_FLAGS[@]} -gt 0 ] && [ ! -f "$NO_AMX_STAMP" ]; }; then
     step "3. llama-quantize and llama-server in $CMAKE_BUILD"
     # llama-cpp-python adds tools/mtmd itself (LLAVA_BUILD); with llama.cpp's tools on, llama.cpp adds it
     cmake -S "$SRC" -B "$CMAKE_BUILD" -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
-        -DLLAMA_USE_PREBUILT_UI=OFF > "$CMAKE_BUILD/tools-configure.log" 2>&1
+        -DLLAMA_USE_PREBUILT_UI=OFF "${AMX_FLAGS[@]}" > "$CMAKE_BUILD/tools-configure.log" 2>&1
     cmake --build "$CMAKE_BUILD" --target llama-quantize llama-server -j "$JOBS" > "$CMAKE_BUILD/tools-build.log" 2>&1
+    if [ ${#AMX_FLAGS[@]} -gt 0 ]; then touch "$NO_AMX_STAMP"; fi
 fi
 
 if [ ! -s "$Q8" ]; then
