@@ -20,10 +20,7 @@ file, and every other file is hard-linked (copied where the file system refuses 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,7 +29,8 @@ import attrs
 
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
-from decoctl.model.graph._transform import GENAI_CONFIG, _link
+from decoctl.model.graph._derived import check_new_folder, link, staged_folder
+from decoctl.model.graph._transform import GENAI_CONFIG
 
 __all__ = ["LORA_SLOTS_KEY", "ProjectionSlot", "add_lora_slots", "lora_slots", "slot_module"]
 
@@ -93,12 +91,7 @@ def add_lora_slots(src: str | Path, dst: str | Path, targets: Iterable[str]) -> 
     source, target = Path(src).expanduser().resolve(), Path(dst).expanduser().resolve()
     decoder = _decoder(source)
     filename = str(decoder.get("filename", "model.onnx"))
-    if target == source or source in target.parents:
-        raise ConfigError(f"add-lora-slots writes a new folder: {target} must lie outside the source {source}")
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ConfigError(
-            f"{target} already exists and is not empty: give a new folder (add-lora-slots never overwrites)"
-        )
+    check_new_folder(source, target, "add-lora-slots")
     onnx_path = source / filename
     try:
         model = onnx.load_model(str(onnx_path), load_external_data=False)
@@ -107,23 +100,12 @@ def add_lora_slots(src: str | Path, dst: str | Path, targets: Iterable[str]) -> 
     slots = _add_slots(onnx, model, wanted, decoder, onnx_path)
     props = {prop.key: prop.value for prop in model.metadata_props}
     onnx.helper.set_model_props(model, {**props, LORA_SLOTS_KEY: ",".join(slots)})
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    except OSError as exc:
-        raise ConfigError(f"cannot write under {target.parent} ({exc.strerror}): give a writable folder") from exc
-    try:
+    with staged_folder(target) as staging:
         for entry in source.iterdir():
             if entry.name != filename:
-                _link(entry, staging / entry.name)
+                link(entry, staging / entry.name)
         # tensors stay external and unloaded, so save_model writes the graph (and the slots' zeros) only
         onnx.save_model(model, str(staging / filename))
-        if target.exists():
-            target.rmdir()
-        os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     log.info("decoctl.lora_slots_added", source=str(source), target=str(target), targets=list(wanted), slots=len(slots))
     return slots
 

@@ -19,16 +19,15 @@ byte. The layers are recorded in the ONNX metadata under :data:`TAP_LAYERS_KEY`.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
+from decoctl.model.graph._derived import check_new_folder, staged_folder
 from decoctl.model.graph._transform import GENAI_CONFIG
 
 __all__ = [
@@ -100,10 +99,7 @@ def enable_taps(src: str | Path, dst: str | Path, layers: Sequence[int] | None =
 
     source, target = Path(src).expanduser().resolve(), Path(dst).expanduser().resolve()
     filename = _decoder_filename(source)
-    if target == source or source in target.parents:
-        raise ConfigError(f"enable-taps writes a new folder: {target} must lie outside the source {source}")
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ConfigError(f"{target} already exists and is not empty: give a new folder (enable-taps never overwrites)")
+    check_new_folder(source, target, "enable-taps")
     onnx_path = source / filename
     try:
         model = onnx.load_model(str(onnx_path), load_external_data=False)
@@ -119,12 +115,7 @@ def enable_taps(src: str | Path, dst: str | Path, layers: Sequence[int] | None =
     added = _add_tap_outputs(onnx, model, chosen, hidden, onnx_path)
     props = {prop.key: prop.value for prop in model.metadata_props}
     onnx.helper.set_model_props(model, {**props, TAP_LAYERS_KEY: ",".join(map(str, chosen))})
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    except OSError as exc:
-        raise ConfigError(f"cannot write under {target.parent} ({exc.strerror}): give a writable folder") from exc
-    try:
+    with staged_folder(target) as staging:
         # copied, not hard-linked: onnx refuses to read external data from a file with several links, which would
         # lock the source model out of onnx's tools as well as the copy
         for entry in source.iterdir():
@@ -136,12 +127,6 @@ def enable_taps(src: str | Path, dst: str | Path, layers: Sequence[int] | None =
                 shutil.copy2(entry, staging / entry.name)
         # tensors stay external and unloaded, so save_model writes the graph only; the data files were copied
         onnx.save_model(model, str(staging / filename))
-        if target.exists():
-            target.rmdir()
-        os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     log.info("decoctl.taps_enabled", source=str(source), target=str(target), layers=list(chosen), outputs=added)
     return target
 

@@ -23,6 +23,7 @@ from typing import Any
 from decoctl.errors import ConfigError, ModelLoadError
 from decoctl.logs import get_logger
 from decoctl.model.graph import _protowire as pw
+from decoctl.model.graph._derived import check_new_folder, link, staged_folder
 from decoctl.model.graph._nodes import (
     GQA,
     GQA_ATTENTION_BIAS,
@@ -255,12 +256,7 @@ def disable_tree(src: str | Path, dst: str | Path) -> Path:
     """
     source, target = Path(src).expanduser().resolve(), Path(dst).expanduser().resolve()
     config, filename, position_ids = _genai_decoder(source)
-    if target == source or source in target.parents:
-        raise ConfigError(f"disable-tree writes a new folder: {target} must lie outside the source {source}")
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ConfigError(
-            f"{target} already exists and is not empty: give a new folder (disable-tree never overwrites)"
-        )
+    check_new_folder(source, target, "disable-tree")
     onnx_path = source / filename
     try:
         graph_bytes = onnx_path.read_bytes()
@@ -269,23 +265,12 @@ def disable_tree(src: str | Path, dst: str | Path) -> Path:
     plain, positions_left = without_tree_inputs(graph_bytes, position_ids, onnx_path)
     if not positions_left:
         config["model"]["decoder"]["inputs"].pop(POSITION_IDS, None)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    except OSError as exc:
-        raise ConfigError(f"cannot write under {target.parent} ({exc.strerror}): give a writable folder") from exc
-    try:
+    with staged_folder(target) as staging:
         for entry in source.iterdir():
             if entry.name not in (filename, GENAI_CONFIG):
-                _link(entry, staging / entry.name)
+                link(entry, staging / entry.name)
         (staging / filename).write_bytes(plain)
         (staging / GENAI_CONFIG).write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
-        if target.exists():
-            target.rmdir()
-        os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     log.info("decoctl.tree_disabled", source=str(source), target=str(target))
     return target
 
@@ -305,18 +290,6 @@ def _genai_decoder(source: Path) -> tuple[dict[str, Any], str, str]:
     except (KeyError, TypeError, AttributeError) as exc:
         raise ModelLoadError(f"{config_path} lacks model.decoder ({exc!r}): re-export the model") from exc
     return config, filename, position_ids
-
-
-def _link(entry: str | Path, destination: str | Path) -> None:
-    """``entry`` (a file or a folder of them) at ``destination`` as hard links, copies where they are refused."""
-    if os.path.isdir(entry):
-        shutil.copytree(entry, destination, copy_function=_link)
-        return
-    try:
-        os.link(entry, destination)
-    except OSError as exc:
-        log.info("decoctl.file_copied", source=str(entry), reason=f"no hard link: {exc.strerror}")
-        shutil.copy2(entry, destination)
 
 
 def has_tree_inputs(model: bytes) -> bool:
