@@ -391,13 +391,13 @@ OPT_IN: dict[str, Run] = {
     'decoctl generate "def fibonacci(n):" --provider cuda:device_id=0 --threads 1': Run(needs=(CUDA,)),
     "for threads in 1 2; do for provider in cpu openvino; do decoctl bench -m gemma3-270m-int8-fullkv --provider "
     "$provider --threads $threads --contenders 'greedy,pl=speculative(drafter=prompt-lookup)' --prompts "
-    "examples/real_model_prompts.jsonl -n 64 --repeats 3 --require-identical --json "
+    "examples/real_model_prompts.jsonl -n 64 --repeats 1 --json "
     "build/bench/providers-int8-$provider-$threads.json; done; done": gemma(
         4 * 3600, after=(IMPORT_INT8_FULL_KV, BENCH_DIR), needs=(OPENVINO, LONG)
     ),
     "for threads in 1 2; do for provider in cpu openvino; do decoctl bench -m gemma3-270m-fullkv --provider "
     "$provider --threads $threads --contenders 'greedy,pl=speculative(drafter=prompt-lookup)' --prompts "
-    "examples/real_model_prompts.jsonl -n 64 --repeats 3 --require-identical --json "
+    "examples/real_model_prompts.jsonl -n 64 --repeats 1 --json "
     "build/bench/providers-fp32-$provider-$threads.json; done; done": gemma(
         4 * 3600, after=(IMPORT_FULL_KV, BENCH_DIR), needs=(OPENVINO, LONG)
     ),
@@ -720,6 +720,8 @@ REBUILD = (
 )
 LLAMA_CPP = "the llama.cpp comparison: its other two servers are built from downloads (tools/llama_server.sh)"
 PLACEHOLDER = "a placeholder for the reader's own {}"
+SPLIT = "the comparison across the engine's split: build/venv-before holds decoctl built from an older commit's wheels"
+LORA_BENCH = "the LoRA serving bench: servers pinned to core 0 and loads on core 1 of a quiet two-core machine, minutes"
 
 #: not run anywhere a test runs, each with the reason
 NOT_RUN: dict[str, str] = {
@@ -786,6 +788,26 @@ NOT_RUN: dict[str, str] = {
         LLAMA_CPP
     ),
     "taskset -c 0 decoctl serve -m gemma3-270m-int8 --threads 1 --max-rows 16 --port 8003 &": LLAMA_CPP,
+    "taskset -c 0 decoctl serve -m build/lora-bench/gemma3-270m-int8-lora --name base --threads 1 --max-rows 16 --port "
+    "8020 --adapter a1=build/lora-bench/a1.onnx_adapter --adapter a2=build/lora-bench/a2.onnx_adapter --adapter "
+    "a3=build/lora-bench/a3.onnx_adapter --adapter a4=build/lora-bench/a4.onnx_adapter &": LORA_BENCH,
+    "taskset -c 0 decoctl serve -m gemma3-270m-int8 --name base --threads 1 --max-rows 16 --port 8021 &": LORA_BENCH,
+    "taskset -c 1 decoctl bench-serve --url lora=http://127.0.0.1:8020 --prompts examples/real_model_prompts.jsonl "
+    "--concurrency 16 --requests 64 --max-tokens 64 --models base:a1,base:a2,base:a3,base:a4": LORA_BENCH,
+    "taskset -c 1 decoctl bench-serve --url base=http://127.0.0.1:8021 --prompts examples/real_model_prompts.jsonl "
+    "--concurrency 16 --requests 64 --max-tokens 64": LORA_BENCH,
+    "taskset -c 1 decoctl bench-serve --url lora-slots-base=http://127.0.0.1:8020 --prompts "
+    "examples/real_model_prompts.jsonl --concurrency 16 --requests 64 --max-tokens 64 --models base": LORA_BENCH,
+    "taskset -c 0 build/venv-before/bin/decoctl serve -m gemma3-270m-int8 --threads 1 --max-rows 16 --port 8010 &": (
+        SPLIT
+    ),
+    "taskset -c 1 decoctl bench-serve --url before=http://127.0.0.1:8010 --url after=http://127.0.0.1:8003 --prompts "
+    "examples/real_model_prompts.jsonl --concurrency 1,4,16 --max-tokens 64 --json build/split-1.json": SPLIT,
+    "taskset -c 1 decoctl bench-serve --url after=http://127.0.0.1:8003 --url before=http://127.0.0.1:8010 --prompts "
+    "examples/real_model_prompts.jsonl --concurrency 1,4,16 --max-tokens 64 --json build/split-2.json": SPLIT,
+    "taskset -c 1 decoctl bench-serve --url before=http://127.0.0.1:8010 --url after=http://127.0.0.1:8003 --prompts "
+    "examples/real_model_edit_prompts.jsonl --controllers greedy,speculative:drafter=prompt-lookup --concurrency 1,16 "
+    "--json build/split-edit.json": SPLIT,
     "SERVER=cpp PORT=8002 tools/llama_server.sh --ctx-size 32768 &": LLAMA_CPP,
     "taskset -c 1 decoctl bench-serve --url cache=http://127.0.0.1:8000 --url no-cache=http://127.0.0.1:8003 --url "
     "llama-server=http://127.0.0.1:8002 --prompts examples/real_model_prompts.jsonl --workload shared-system "
