@@ -720,7 +720,7 @@ REBUILD = (
 )
 LLAMA_CPP = "the llama.cpp comparison: its other two servers are built from downloads (tools/llama_server.sh)"
 PLACEHOLDER = "a placeholder for the reader's own {}"
-SPLIT = "the comparison across the engine's split: build/venv-before holds decoctl built from an older commit's wheels"
+SPLIT = "a comparison across commits: build/venv-before and the others hold decoctl built from older commits' wheels"
 LORA_BENCH = "the LoRA serving bench: servers pinned to core 0 and loads on core 1 of a quiet two-core machine, minutes"
 
 #: not run anywhere a test runs, each with the reason
@@ -798,6 +798,10 @@ NOT_RUN: dict[str, str] = {
     "--concurrency 16 --requests 64 --max-tokens 64": LORA_BENCH,
     "taskset -c 1 decoctl bench-serve --url lora-slots-base=http://127.0.0.1:8020 --prompts "
     "examples/real_model_prompts.jsonl --concurrency 16 --requests 64 --max-tokens 64 --models base": LORA_BENCH,
+    "for i in 1 2 3; do for who in start now; do taskset -c 0 build/venv-$who/bin/decoctl bench -m pycode --contenders "
+    "greedy --prompts examples/code_prompts.jsonl -n 96 --repeats 3 --threads 1; taskset -c 0 "
+    "build/venv-$who/bin/decoctl bench -m gemma3-270m-int8 --contenders greedy --prompts "
+    "examples/real_model_prompts.jsonl -n 64 --repeats 2 --threads 1; done; done": SPLIT,
     "taskset -c 0 build/venv-before/bin/decoctl serve -m gemma3-270m-int8 --threads 1 --max-rows 16 --port 8010 &": (
         SPLIT
     ),
