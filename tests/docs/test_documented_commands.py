@@ -819,6 +819,9 @@ NOT_RUN: dict[str, str] = {
     "taskset -c 1 decoctl bench-serve --url cache=http://127.0.0.1:8000 --url no-cache=http://127.0.0.1:8003 --url "
     "llama-server=http://127.0.0.1:8002 --prompts examples/real_model_prompts.jsonl --workload chat "
     "--concurrency 1,4 --max-tokens 64 --json build/serve-chat.json": LLAMA_CPP,
+    "taskset -c 1 decoctl bench-serve --url cache=http://127.0.0.1:8000 --url llama-server=http://127.0.0.1:8002 "
+    "--prompts examples/real_model_edit_prompts.jsonl --controllers greedy,speculative:drafter=prompt-lookup "
+    "--concurrency 1,16 --json build/serve-edit-cache.json": LLAMA_CPP,
     "decoctl generate --prompts prompts.jsonl --batch-size 8 --ray-actors 4 > out.jsonl": PLACEHOLDER.format(
         "prompts file"
     ),
