@@ -2,7 +2,7 @@
 may go, and how it is written so that it appears whole or not at all.
 
     check_new_folder(source, target, "enable-taps")    # ConfigError: inside the source, or not new and empty
-    with staged_folder(target) as staging:              # a folder beside target; renamed to it at the end
+    with staged_folder(target, "enable-taps") as staging:   # beside target; renamed to it at the end
         link(source / "model.onnx.data", staging / "model.onnx.data")
         ...                                              # an exception removes the staging folder instead
 """
@@ -34,14 +34,17 @@ def check_new_folder(source: Path, target: Path, command: str) -> None:
 
 
 @contextmanager
-def staged_folder(target: Path) -> Iterator[Path]:
+def staged_folder(target: Path, command: str) -> Iterator[Path]:
     """A staging folder beside ``target`` for the block to fill; renamed to ``target`` (an empty folder there is
     replaced) when the block ends, removed with what it holds when the block raises."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     except OSError as exc:
-        raise ConfigError(f"cannot write under {target.parent} ({exc.strerror}): give a writable folder") from exc
+        raise ConfigError(
+            f"{command} cannot write under {target.parent} ({exc.strerror}): give a destination in a folder you can "
+            "write, with room for a copy of the model"
+        ) from exc
     try:
         yield staging
         if target.exists():

@@ -100,7 +100,7 @@ def add_lora_slots(src: str | Path, dst: str | Path, targets: Iterable[str]) -> 
     slots = _add_slots(onnx, model, wanted, decoder, onnx_path)
     props = {prop.key: prop.value for prop in model.metadata_props}
     onnx.helper.set_model_props(model, {**props, LORA_SLOTS_KEY: ",".join(slots)})
-    with staged_folder(target) as staging:
+    with staged_folder(target, "add-lora-slots") as staging:
         for entry in source.iterdir():
             if entry.name != filename:
                 link(entry, staging / entry.name)

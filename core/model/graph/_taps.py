@@ -115,7 +115,7 @@ def enable_taps(src: str | Path, dst: str | Path, layers: Sequence[int] | None =
     added = _add_tap_outputs(onnx, model, chosen, hidden, onnx_path)
     props = {prop.key: prop.value for prop in model.metadata_props}
     onnx.helper.set_model_props(model, {**props, TAP_LAYERS_KEY: ",".join(map(str, chosen))})
-    with staged_folder(target) as staging:
+    with staged_folder(target, "enable-taps") as staging:
         # copied, not hard-linked: onnx refuses to read external data from a file with several links, which would
         # lock the source model out of onnx's tools as well as the copy
         for entry in source.iterdir():

@@ -14,9 +14,7 @@ them. It edits the graph's bytes with protowire, so it needs no onnx package.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +80,7 @@ def enable_tree(src: str | Path, dst: str | Path) -> Path:
         raise ModelLoadError(
             f"{source} has no {GENAI_CONFIG}: enable-tree rewrites models exported by onnxruntime-genai's builder"
         )
-    if target == source or source in target.parents:
-        raise ConfigError(f"enable-tree writes a new folder: {target} must lie outside the source {source}")
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ConfigError(f"{target} already exists and is not empty: give a new folder (enable-tree never overwrites)")
+    check_new_folder(source, target, "enable-tree")
 
     config, filename, position_ids = _genai_decoder(source)
     inputs = config["model"]["decoder"]["inputs"]
@@ -102,9 +97,7 @@ def enable_tree(src: str | Path, dst: str | Path) -> Path:
     wired = _wire_tree_inputs(onnx, model.graph, position_ids, sized_by, onnx_path)
     inputs[POSITION_IDS] = position_ids
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with staged_folder(target, "enable-tree") as staging:
         for entry in source.iterdir():
             if entry.name in (filename, GENAI_CONFIG):
                 continue
@@ -115,12 +108,6 @@ def enable_tree(src: str | Path, dst: str | Path) -> Path:
         # Tensors stay external and unloaded, so save_model writes the graph only; the data files were copied.
         onnx.save_model(model, str(staging / filename))
         (staging / GENAI_CONFIG).write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
-        if target.exists():
-            target.rmdir()
-        os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     log.info("decoctl.tree_enabled", source=str(source), target=str(target), attention_nodes=wired)
     return target
 
@@ -265,7 +252,7 @@ def disable_tree(src: str | Path, dst: str | Path) -> Path:
     plain, positions_left = without_tree_inputs(graph_bytes, position_ids, onnx_path)
     if not positions_left:
         config["model"]["decoder"]["inputs"].pop(POSITION_IDS, None)
-    with staged_folder(target) as staging:
+    with staged_folder(target, "disable-tree") as staging:
         for entry in source.iterdir():
             if entry.name not in (filename, GENAI_CONFIG):
                 link(entry, staging / entry.name)
