@@ -66,12 +66,16 @@ def ray_cluster() -> Iterator[Any]:
             },
         )
         cluster.add_node(**node, **_agent_ports(), runtime_env_dir_name=f"{RESOURCES}_second")
+    # each node's runtime environment clones this virtual environment (Ray's pip plugin does, inside one): the
+    # session's folder is removed at the end, or every run leaves a gigabyte or more under Ray's temporary folder
+    session = Path(cluster.head_node.get_session_dir_path())
     ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
     try:
         yield ray
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(session, ignore_errors=True)
 
 
 def _agent_ports() -> dict[str, int]:
