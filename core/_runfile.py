@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ import attrs
 from decoctl.errors import ConfigError
 from decoctl.model._providers import Provider
 
-__all__ = ["RunFile"]
+__all__ = ["RunFile", "key_values"]
 
 _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "roles": {},
@@ -148,3 +148,15 @@ def _checked_providers(
         except ConfigError as exc:
             raise ConfigError(f"run file {path}: [runtime].providers: {exc}") from None
     return value
+
+
+def key_values(items: Sequence[str], what: str) -> dict[str, str]:
+    """Command-line ``KEY=VALUE`` items (``--role``, ``--option``, ``--adapter``) as a dict; ``what`` names the flag in
+    the refusal of an item without its ``=``."""
+    values = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{what} {item!r} must be written KEY=VALUE")
+        values[key.strip()] = value.strip()
+    return values

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 import attrs
 
 from decoctl import __version__
-from decoctl._runfile import RunFile
+from decoctl._runfile import RunFile, key_values
 from decoctl.bench import HUGE_PAGES_HELP, add_bench_parser, run_bench
 from decoctl.errors import ConfigError, DecoctlError, GenerationError, PluginError
 from decoctl.generation import BatchPrompt, GenerationResult, GenerationStats, Generator, read_prompts, result_record
@@ -63,16 +63,6 @@ def _logging_to_stderr(verbose: int) -> Iterator[None]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-
-
-def _key_values(items: Sequence[str], what: str) -> dict[str, str]:
-    values = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise DecoctlError(f"{what} {item!r} must be written KEY=VALUE")
-        values[key.strip()] = value.strip()
-    return values
 
 
 def _add_generate(commands: Any) -> None:
@@ -151,9 +141,9 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         roles["target"] = args.model
     if args.draft:
         roles["draft"] = args.draft
-    roles.update(_key_values(args.role, "--role"))
+    roles.update(key_values(args.role, "--role"))
     options: dict[str, Any] = dict(run.options) if run else {}
-    options.update(_key_values(args.option, "--option"))
+    options.update(key_values(args.option, "--option"))
     batch = None
     if args.prompts is not None:
         if args.prompt is not None:
@@ -225,7 +215,7 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
         prefill_chunk=pick(args.prefill_chunk, "prefill_chunk", None),
         registry=registry,
         providers=pick(args.provider or None, "providers", None),
-        adapters=_key_values([args.adapter], "--adapter") if args.adapter else None,
+        adapters=key_values([args.adapter], "--adapter") if args.adapter else None,
         huge_pages=not args.no_huge_pages,
         prefix_cache_mb=args.prefix_cache_mb,
     )
@@ -238,7 +228,7 @@ def _run_generate(args: argparse.Namespace, registry: PluginRegistry) -> int:
     if args.adapter:
         if batch is not None:
             raise ConfigError("--adapter goes with one prompt; --prompts runs on the base model")
-        kwargs["adapter"] = next(iter(_key_values([args.adapter], "--adapter")))
+        kwargs["adapter"] = next(iter(key_values([args.adapter], "--adapter")))
     if batch is not None:
         if args.image:
             raise ConfigError("--image goes with one prompt; with --prompts, give each prompt its own run")

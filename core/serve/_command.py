@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from decoctl._runfile import key_values
 from decoctl.errors import ConfigError
 from decoctl.generation._tool_formats import TOOL_FORMATS
 from decoctl.model._image_processor import MAX_IMAGES, MAX_PIXELS
@@ -40,16 +41,6 @@ def add_prefix_cache_argument(parser: argparse.ArgumentParser) -> None:
         "shared system prompt, the conversation so far) copies its KV instead of computing it again; outputs are the "
         "same with it on and off (default: off)",
     )
-
-
-def _key_values(items: list[str], what: str) -> dict[str, str]:
-    values = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{what} {item!r} must be written KEY=VALUE")
-        values[key.strip()] = value.strip()
-    return values
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -185,10 +176,10 @@ def load_roles(args: argparse.Namespace, registry: PluginRegistry) -> dict[str, 
         references.update(bundle.roles)
     if args.draft:
         references["draft"] = args.draft
-    references.update(_key_values(args.role, "--role"))
+    references.update(key_values(args.role, "--role"))
     huge = not args.no_huge_pages
     providers = providers_by_role(args.provider or None, ["target", *references])
-    adapters = _key_values(getattr(args, "adapter", None) or [], "--adapter")
+    adapters = key_values(getattr(args, "adapter", None) or [], "--adapter")
     target = load_model(
         path, name=name, threads=args.threads, huge_pages=huge, provider=providers["target"], lora_stacks=bool(adapters)
     )
@@ -299,8 +290,8 @@ def run_chat(
     roles: dict[str, Any] = {"target": args.model}
     if args.draft:
         roles["draft"] = args.draft
-    roles.update(_key_values(args.role, "--role"))
-    options: Mapping[str, Any] = _key_values(args.option, "--option")
+    roles.update(key_values(args.role, "--role"))
+    options: Mapping[str, Any] = key_values(args.option, "--option")
     generator = Generator(
         roles,
         args.controller,

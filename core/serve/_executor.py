@@ -300,7 +300,9 @@ class Executor:
             completion = step.live(row)
             if completion is not None:
                 self._advance(completion, step)
-        fed = [(c, token) for c, token in step.run if step.running(c)]
+        # in row order: a Run over every row 0..span then hands back its logits as they are, where rows in another
+        # order would copy them (a vocabulary of floats a row, every step)
+        fed = sorted(((c, token) for c, token in step.run if step.running(c)), key=lambda pair: pair[0].row)
         if fed:
             stepped = [c.row for c, _ in fed]
             tokens = [token for _, token in fed]
