@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -83,6 +82,7 @@ from decoctl.serve._requests import (
 )
 from decoctl.serve._scheduler import Scheduler, WaitingView
 from decoctl.serve._states import RequestState
+from decoctl.serve._worker import Worker
 
 __all__ = [
     "Delta",
@@ -102,7 +102,7 @@ log = get_logger(__name__)
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length", "max_length": "length"}
 
 
-class Engine:
+class Engine(Worker):
     """One thread that owns the models and runs every request's completions as rows (see the module docstring):
     it queues requests, runs the loop (scheduler, executor, report), emits the events and shuts down.
 
@@ -122,6 +122,10 @@ class Engine:
         (decoctl.generation._prefix_cache): a request whose prompt starts with a kept one copies that KV into its row
         at admission and prefills only the rest. None: off.
     """
+
+    thread_name = "decoctl-engine"
+    stopped = "the server's engine stopped"
+    failed_event = "engine_failed"
 
     def __init__(
         self,
@@ -150,13 +154,13 @@ class Engine:
             )
         if max_rows < 1 or max_queue < 0:
             raise ConfigError(f"max_rows={max_rows} must be at least 1 and max_queue={max_queue} at least 0")
+        super().__init__(max_queue)
         self.models = dict(models)
         self.registry = registry or PluginRegistry()
         # collected now, once: requests look them up from the server's threads and the engine's
         self.registry.controllers()
         self.registry.processors()
         self.max_rows = max_rows
-        self.max_queue = max_queue
         self.prefill_chunk = prefill_chunk
         self.deterministic = deterministic
         self.join_rule = join_rule or JoinRule()
@@ -195,15 +199,7 @@ class Engine:
         #: the waiting requests by priority, then arrival (a preempted request keeps its arrival)
         self._queue: list[Handle] = []
         self._arrivals = itertools.count()
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._closing = False
-        self._thread: threading.Thread | None = None
-        #: why the engine thread stopped, when an exception escaped its loop (None while it is sound)
-        self.failure: str | None = None
-        self._on_failure: list[Callable[[str], None]] = []
-        #: time.monotonic() past which a drain cuts what still runs (None: no drain asked for, or no limit)
-        self._deadline: float | None = None
+        #: drain was called (its end is logged with what it cut)
         self._draining = False
         #: counters for /metrics and /health (read from any thread)
         self.steps = 0
@@ -243,19 +239,6 @@ class Engine:
     def live_rows(self) -> int:
         return self.max_rows - len(self._free)
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    @property
-    def draining(self) -> bool:
-        """Shutting down (``drain`` or ``close`` called): no new requests, the live ones finishing."""
-        return self._closing and self.failure is None
-
-    def on_failure(self, callback: Callable[[str], None]) -> None:
-        """Call ``callback(reason)`` (on the engine thread) if the engine thread dies."""
-        self._on_failure.append(callback)
-
     def check(self, request: EngineRequest) -> Plan:
         """The request's checked plan; ConfigError naming what it asks for that this engine cannot give. The first
         request of a choice builds its logits chain (compiling its grammars): call it off the event loop."""
@@ -267,14 +250,10 @@ class Engine:
         EngineClosedError while shutting down. ``plan``: the request's, from ``check`` (else checked here)."""
         handle = Handle(request, on_event, plan if plan is not None else self.check(request))
         with self._wake:
-            if self.failure is not None:
-                raise EngineClosedError(f"{self.failure}: send the request to another replica")
-            if self._closing:
-                raise EngineClosedError("the server is shutting down: send the request to another replica")
-            if len(self._queue) >= self.max_queue:
-                raise QueueFullError(
-                    f"{len(self._queue)} requests are waiting for rows (--max-queue {self.max_queue}): retry later"
-                )
+            self._refuse_unless_open(
+                len(self._queue),
+                full=f"{len(self._queue)} requests are waiting for rows (--max-queue {self.max_queue}): retry later",
+            )
             handle.arrival = next(self._arrivals)
             self._enqueue(handle)
             self._wake.notify()
@@ -285,44 +264,18 @@ class Engine:
         the lock held)."""
         bisect.insort(self._queue, handle, key=lambda h: (h.request.priority, h.arrival))
 
-    def start(self) -> None:
-        """Start the engine thread (once)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="decoctl-engine", daemon=True)
-            self._thread.start()
+    def _drain_asked(self) -> None:
+        """``drain``: after its deadline the completions still running are cut (finish_reason "shutdown") and the
+        requests still waiting fail; its end is logged (``decoctl.serve.drained``) with how many."""
+        self._draining = True
 
-    def drain(self, seconds: float | None) -> None:
-        """Begin shutting down, without waiting: take no new requests (EngineClosedError) and let the live and
-        queued ones run; after ``seconds`` (None: no limit) cut the completions still running (finish_reason
-        "shutdown") and fail the requests still waiting. ``close`` then waits for the engine thread."""
-        with self._wake:
-            self._closing = self._draining = True
-            if seconds is not None:
-                deadline = time.monotonic() + seconds
-                self._deadline = deadline if self._deadline is None else min(self._deadline, deadline)
-            self._wake.notify()
-
-    def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
-        """Stop taking requests; with ``drain`` let the live and queued ones finish first (else cancel them); wait
-        for the engine thread."""
-        with self._wake:
-            self._closing = True
-            if not drain:
-                for handle in self._queue:
-                    handle.cancel()
-                for slot in tuple(self._slots.values()):
-                    slot.handle.cancel()
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
+    def _cancel_all(self) -> None:
+        for handle in self._queue:
+            handle.cancel()
+        for slot in tuple(self._slots.values()):
+            slot.handle.cancel()
 
     # -- the engine thread -----------------------------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except BaseException as exc:  # the loop itself broke: nothing answers the requests any more
-            self._die(exc)
-
     def _loop(self) -> None:
         cut = refused = 0
         while True:
@@ -359,14 +312,9 @@ class Engine:
             handle.preempted = []
         return len(live)
 
-    def _die(self, exc: BaseException) -> None:
-        """An exception escaped the engine's loop: record why, fail every live and waiting request (503: not
-        theirs), refuse new ones, and tell ``on_failure``'s callbacks."""
-        reason = f"the server's engine stopped ({type(exc).__name__}: {exc})"
-        log.error("decoctl.serve.engine_failed", error=reason)
+    def _fail_everything(self, reason: str) -> None:
+        """The engine thread died: every live and waiting request fails (503: not theirs) and the rows are free."""
         with self._wake:
-            self.failure = reason
-            self._closing = True
             waiting = list(self._queue)
             self._queue.clear()
         handles = {id(s.handle): s.handle for s in self._slots.values()}
@@ -375,11 +323,6 @@ class Engine:
         self._free = list(range(self.max_rows))
         for handle in handles.values():
             handle._emit(Failed(message=f"{reason}: retry on another replica", unavailable=True))
-        for callback in self._on_failure:
-            try:
-                callback(reason)
-            except Exception as error:
-                log.warning("decoctl.serve.listener_failed", error=f"{type(error).__name__}: {error}")
 
     def _iteration(self) -> None:
         """One step: the scheduler plans, the executor runs the plan, the engine applies what it reports."""

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -35,7 +34,8 @@ from decoctl.generation._speech import Transcription, transcribe
 from decoctl.logs import get_logger
 from decoctl.model._loader import LoadedModel
 from decoctl.plugins import PluginRegistry
-from decoctl.serve._requests import EngineClosedError, QueueFullError
+from decoctl.serve._requests import EngineClosedError
+from decoctl.serve._worker import Worker
 
 __all__ = ["Transcriber", "TranscriptionJob", "is_speech_model", "transcriber_from_args"]
 
@@ -69,7 +69,7 @@ class _Queued:
     future: concurrent.futures.Future[Transcription]
 
 
-class Transcriber:
+class Transcriber(Worker):
     """A thread that owns a speech model's Generator and runs queued transcriptions one at a time (see the module
     docstring).
 
@@ -78,6 +78,10 @@ class Transcriber:
     :param max_queue: requests that may wait; one more is refused with QueueFullError.
     :param prefix_cache_mb: keep the encoder's output for audio heard before, within this many MiB (None: off).
     """
+
+    thread_name = "decoctl-transcriber"
+    stopped = "the transcription worker failed"
+    failed_event = "transcriber_failed"
 
     def __init__(
         self,
@@ -94,9 +98,9 @@ class Transcriber:
             raise ConfigError(f"model {target.name} does not take audio: transcriptions need a speech model (Whisper)")
         if max_queue < 0:
             raise ConfigError(f"max_queue={max_queue} must be at least 0")
+        super().__init__(max_queue)
         self.models = dict(models)
         self.registry = registry or PluginRegistry()
-        self.max_queue = max_queue
         self.max_rows = 1
         self._prefix_cache_mb = prefix_cache_mb
         self._greedy = Generator(self.models, "greedy", registry=self.registry, prefix_cache_mb=prefix_cache_mb)
@@ -105,15 +109,7 @@ class Transcriber:
         self.max_length = target.spec.max_length
         self.prefix_cache = self._greedy.prefix_cache
         self._queue: collections.deque[_Queued] = collections.deque()
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._closing = False
-        self._deadline: float | None = None
         self._busy = False
-        self._thread: threading.Thread | None = None
-        self._on_failure: list[Callable[[str], None]] = []
-        #: why the worker thread stopped, when an exception escaped its loop (None while it is sound)
-        self.failure: str | None = None
         #: counters for /metrics and /health (read from any thread)
         self.completions = 0
         self.cancelled = 0
@@ -133,22 +129,10 @@ class Transcriber:
         return int(self._busy)
 
     @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    @property
-    def draining(self) -> bool:
-        return self._closing and self.failure is None
-
-    @property
     def sampling_rate(self) -> int:
         encoder = self.models["target"].encoder
         assert encoder is not None and encoder.audio is not None
         return encoder.audio.sampling_rate
-
-    def on_failure(self, callback: Callable[[str], None]) -> None:
-        """Call ``callback(reason)`` (on the worker thread) if the worker thread dies."""
-        self._on_failure.append(callback)
 
     def submit(self, job: TranscriptionJob) -> concurrent.futures.Future[Transcription]:
         """Queue ``job``; its future gives the Transcription (or the exception that ended it). Cancel the future to
@@ -156,54 +140,21 @@ class Transcriber:
         shutting down."""
         future: concurrent.futures.Future[Transcription] = concurrent.futures.Future()
         with self._wake:
-            if self.failure is not None:
-                raise EngineClosedError(f"{self.failure}: send the request to another replica")
-            if self._closing:
-                raise EngineClosedError("the server is shutting down: send the request to another replica")
-            if len(self._queue) >= self.max_queue:
-                raise QueueFullError(
-                    f"{len(self._queue)} transcriptions are waiting (--max-queue {self.max_queue}): retry later"
-                )
+            self._refuse_unless_open(
+                len(self._queue),
+                full=f"{len(self._queue)} transcriptions are waiting (--max-queue {self.max_queue}): retry later",
+            )
             self._queue.append(_Queued(job, future))
             self._wake.notify()
         return future
 
-    def start(self) -> None:
-        """Start the worker thread (once)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="decoctl-transcriber", daemon=True)
-            self._thread.start()
-
-    def drain(self, seconds: float | None) -> None:
-        """Take no new requests and let the queued ones run for ``seconds`` (None: no limit); then the ones still
-        waiting fail with EngineClosedError."""
-        with self._wake:
-            self._closing = True
-            if seconds is not None:
-                deadline = time.monotonic() + seconds
-                self._deadline = deadline if self._deadline is None else min(self._deadline, deadline)
-            self._wake.notify()
-
-    def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
-        """Stop taking requests; with ``drain`` let the queued ones run first (else fail them); wait for the thread."""
-        with self._wake:
-            self._closing = True
-            if not drain:
-                self._deadline = time.monotonic()
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
+    def _cancel_all(self) -> None:
+        """``close(drain=False)``: the transcriptions still waiting fail (the running one ends first)."""
+        self._deadline = time.monotonic()
 
     # -- the worker thread -----------------------------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except BaseException as exc:  # the loop itself broke: nothing answers the requests any more
-            self.failure = f"the transcription worker failed ({type(exc).__name__}: {exc})"
-            log.error("decoctl.serve.transcriber_failed", error=self.failure)
-            self._fail_waiting(EngineClosedError(self.failure))
-            for callback in self._on_failure:
-                callback(self.failure)
+    def _fail_everything(self, reason: str) -> None:
+        self._fail_waiting(EngineClosedError(reason))
 
     def _loop(self) -> None:
         while True:
