@@ -12,7 +12,8 @@ and ``_executor`` runs the plan on the models), ``_requests`` (a request, its ch
 (events in OpenAI's shapes), ``_streams`` (server-sent events, streams their clients must keep reading),
 ``_protocol`` (OpenAI's request shapes, validated at the edge; its error shape), ``_translate`` (OpenAI's sampling
 fields as a controller, options and a logits chain), ``_metrics`` (the Prometheus metrics, a registry of the app's
-own), ``_join_rule`` (the engine's cost rule), ``_command`` (``decoctl serve`` and ``decoctl chat``), ``_server``
+own), ``_join_rule`` (the engine's cost rule), ``_worker`` (the lifecycle the engine and the transcriber share),
+``_command`` (``decoctl serve`` and ``decoctl chat``), ``_server``
 (the uvicorn server: drain on SIGTERM, stop when the engine dies), ``_bench`` (``decoctl bench-serve``); ``page/``:
 the chat page served at ``/``.
 
