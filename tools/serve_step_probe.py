@@ -1,4 +1,4 @@
-"""`decoctl serve` with every engine step timed: what a step costs with and without prompt work.
+"""`decoctl serve` with every engine step timed: what a step costs, with and without prompt work, and what it does.
 
     taskset -c 0 .venv/bin/python tools/serve_step_probe.py --log build/steps.json -- \
         -m gemma3-270m-int8 --threads 1 --max-rows 16 --port 8010 &
@@ -7,9 +7,13 @@
     kill %1; .venv/bin/python tools/serve_step_probe.py --report build/steps.json
 
 The arguments after ``--`` go to `decoctl serve`; the step log is written when the server stops (SIGTERM or ^C).
-``--one-forward-chunks`` holds a step's prompt work to the engine's floor (``MIN_CHUNK`` one-row steps),
-to see what that does to inter-token latency and admission. ``--report`` prints, over the steps with at least
-12 rows decoding, the step times (all, with a prompt chunk, without) and the chunks' own times.
+The probe times the host's two forwards (``Rows.step``, the batched Run; ``Sequence.prefill``, a prompt chunk), which
+every version of the engine calls, so the same probe compares two commits' engines: a step is a batched Run and the
+prompt chunks fed since the one before. ``--one-forward-chunks`` holds a step's prompt work to the engine's floor
+(``MIN_CHUNK`` one-row steps), to see what that does to inter-token latency and admission. ``--report`` prints,
+over the steps whose Run stepped at least 12 rows, the step times (all, with a prompt chunk, without), the chunks'
+own times, and over every step the rows a Run stepped and spanned, the prompt tokens a step fed and the time a step
+spent outside both forwards (the engine's own work, and the server's on the same core).
 """
 
 from __future__ import annotations
@@ -24,28 +28,45 @@ from typing import Any
 
 
 def serve(log_path: Path, one_forward_chunks: bool, serve_args: list[str]) -> None:
-    from decoctl.serve import _engine as engine
+    from decoctl.host import _host as host
+    from decoctl.host import _rows as rows
     from decoctl.serve import _join_rule as join_rule
 
     steps: list[dict[str, Any]] = []
-    chunks: list[float] = []
-    iteration, prefill = engine.Engine._iteration, engine.Engine._prefill
+    chunks: list[tuple[float, int]] = []
+    last = [0.0]  # when the last Run ended
+    step, prefill = rows.Rows.step, host.Sequence.prefill
 
-    def timed_prefill(self: Any, slot: Any, span: int | None) -> int | None:
+    def timed_prefill(self: Any, tokens: Any, *args: Any, **kwargs: Any) -> Any:
         began = time.perf_counter()
         try:
-            return prefill(self, slot, span)
+            return prefill(self, tokens, *args, **kwargs)
         finally:
-            chunks.append(time.perf_counter() - began)
+            chunks.append((time.perf_counter() - began, len(tokens)))
 
-    def timed_iteration(self: Any) -> None:
-        chunks.clear()
+    def timed_step(self: Any, tokens: Any, rows: Any = None) -> Any:
         began = time.perf_counter()
-        iteration(self)
-        decoding = sum(1 for s in self._slots.values() if s.prompt is None)
-        steps.append({"seconds": time.perf_counter() - began, "rows": decoding, "chunks": list(chunks)})
+        try:
+            return step(self, tokens, rows=rows)
+        finally:
+            ended = time.perf_counter()
+            stepped = list(range(len(tokens))) if rows is None else [int(r) for r in rows]
+            steps.append(
+                {
+                    # since the last Run ended (the first: its own): a gap while no row was live counts too, so the
+                    # report reads medians, and the step times of steps with many rows
+                    "seconds": ended - (last[0] or began),
+                    "run": ended - began,
+                    "rows": len(stepped),
+                    "span": max(stepped) + 1,
+                    "chunks": [c for c, _ in chunks],
+                    "tokens": sum(t for _, t in chunks),
+                }
+            )
+            last[0] = ended
+            chunks.clear()
 
-    engine.Engine._iteration, engine.Engine._prefill = timed_iteration, timed_prefill  # type: ignore[method-assign]
+    rows.Rows.step, host.Sequence.prefill = timed_step, timed_prefill
     if one_forward_chunks:
         rule = join_rule.JoinRule
         budget = rule.prefill_budget
@@ -56,7 +77,7 @@ def serve(log_path: Path, one_forward_chunks: bool, serve_args: list[str]) -> No
                 return None
             return join_rule.MIN_CHUNK * (self.run_seconds(1) or 0.0)
 
-        rule.prefill_budget = one_forward  # type: ignore[method-assign]
+        rule.prefill_budget = one_forward
 
     def write() -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,21 +94,34 @@ def serve(log_path: Path, one_forward_chunks: bool, serve_args: list[str]) -> No
 
 
 def report(log_path: Path, rows: int = 12) -> None:
-    steps = [s for s in json.loads(log_path.read_text(encoding="utf-8")) if s["rows"] >= rows]
+    every = json.loads(log_path.read_text(encoding="utf-8"))
+    steps = [s for s in every if s["rows"] >= rows]
 
-    def quantiles(values: list[float]) -> str:
+    def quantiles(values: list[float], scale: float = 1e3, unit: str = " ms") -> str:
         values = sorted(values)
         if not values:
             return "-"
-        pick = lambda q: values[int(q * (len(values) - 1))] * 1e3  # noqa: E731
-        return f"p50 {pick(0.5):.1f} / p99 {pick(0.99):.1f} ms"
+        pick = lambda q: values[int(q * (len(values) - 1))] * scale  # noqa: E731
+        return f"p50 {pick(0.5):.1f} / p99 {pick(0.99):.1f}{unit}"
+
+    def mean(values: list[float]) -> str:
+        return f"{sum(values) / len(values):.2f}" if values else "-"
 
     with_chunk = [s for s in steps if s["chunks"]]
-    print(f"{len(steps)} steps with >= {rows} rows decoding, {len(with_chunk)} of them with a prompt chunk")
+    print(f"{len(steps)} steps with >= {rows} rows in their Run, {len(with_chunk)} of them with a prompt chunk")
     print(f"all steps:              {quantiles([s['seconds'] for s in steps])}")
     print(f"steps with a chunk:     {quantiles([s['seconds'] for s in with_chunk])}")
     print(f"steps without:          {quantiles([s['seconds'] for s in steps if not s['chunks']])}")
     print(f"the chunks themselves:  {quantiles([c for s in with_chunk for c in s['chunks']])}")
+    if every and "run" in every[0]:  # logs of this probe's host-level timing
+        fed = [s for s in every if s["chunks"]]
+        outside = [s["seconds"] - s["run"] - sum(s["chunks"]) for s in every]
+        print(
+            f"over all {len(every)} Runs: rows stepped {mean([s['rows'] for s in every])}, spanned "
+            f"{mean([s['span'] for s in every])}; {len(fed)} steps fed prompt chunks, "
+            f"{mean([len(s['chunks']) for s in fed])} chunks and {mean([s['tokens'] for s in fed])} tokens each; "
+            f"outside the two forwards a step {quantiles(outside)}"
+        )
 
 
 def main() -> None:

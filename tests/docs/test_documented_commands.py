@@ -805,13 +805,24 @@ NOT_RUN: dict[str, str] = {
     "taskset -c 0 build/venv-before/bin/decoctl serve -m gemma3-270m-int8 --threads 1 --max-rows 16 --port 8010 &": (
         SPLIT
     ),
+    'for i in 1 2 3; do for pair in "before=http://127.0.0.1:8010 after=http://127.0.0.1:8003" '
+    '"after=http://127.0.0.1:8003 before=http://127.0.0.1:8010"; do set -- $pair; taskset -c 1 decoctl bench-serve '
+    "--url $1 --url $2 --prompts examples/real_model_prompts.jsonl --concurrency 1 --max-tokens 64; taskset -c 1 "
+    "decoctl bench-serve --url $1 --url $2 --prompts examples/real_model_prompts.jsonl --concurrency 4 --requests 24 "
+    "--max-tokens 64; taskset -c 1 decoctl bench-serve --url $1 --url $2 --prompts examples/real_model_prompts.jsonl "
+    "--concurrency 16 --requests 48 --max-tokens 64; taskset -c 1 decoctl bench-serve --url $1 --url $2 --prompts "
+    "examples/real_model_edit_prompts.jsonl --controllers greedy,speculative:drafter=prompt-lookup --concurrency 16 "
+    "--requests 32 --max-tokens 64; done; done": SPLIT,
+    "taskset -c 0 build/venv-before/bin/python tools/serve_step_probe.py --log build/steps-before.json -- -m "
+    "gemma3-270m-int8 --threads 1 --max-rows 16 --port 8010 &": SPLIT,
+    "taskset -c 0 .venv/bin/python tools/serve_step_probe.py --log build/steps-after.json -- -m gemma3-270m-int8 "
+    "--threads 1 --max-rows 16 --port 8003 &": SPLIT,
     "taskset -c 1 decoctl bench-serve --url before=http://127.0.0.1:8010 --url after=http://127.0.0.1:8003 --prompts "
-    "examples/real_model_prompts.jsonl --concurrency 1,4,16 --max-tokens 64 --json build/split-1.json": SPLIT,
+    "examples/real_model_edit_prompts.jsonl --concurrency 16 --requests 32 --max-tokens 64": SPLIT,
     "taskset -c 1 decoctl bench-serve --url after=http://127.0.0.1:8003 --url before=http://127.0.0.1:8010 --prompts "
-    "examples/real_model_prompts.jsonl --concurrency 1,4,16 --max-tokens 64 --json build/split-2.json": SPLIT,
-    "taskset -c 1 decoctl bench-serve --url before=http://127.0.0.1:8010 --url after=http://127.0.0.1:8003 --prompts "
-    "examples/real_model_edit_prompts.jsonl --controllers greedy,speculative:drafter=prompt-lookup --concurrency 1,16 "
-    "--json build/split-edit.json": SPLIT,
+    "examples/real_model_edit_prompts.jsonl --concurrency 16 --requests 32 --max-tokens 64": SPLIT,
+    "kill %1 %2; .venv/bin/python tools/serve_step_probe.py --report build/steps-before.json; .venv/bin/python "
+    "tools/serve_step_probe.py --report build/steps-after.json": SPLIT,
     "SERVER=cpp PORT=8002 tools/llama_server.sh --ctx-size 32768 &": LLAMA_CPP,
     "taskset -c 1 decoctl bench-serve --url cache=http://127.0.0.1:8000 --url no-cache=http://127.0.0.1:8003 --url "
     "llama-server=http://127.0.0.1:8002 --prompts examples/real_model_prompts.jsonl --workload shared-system "
