@@ -199,8 +199,6 @@ class Engine(Worker):
         #: the waiting requests by priority, then arrival (a preempted request keeps its arrival)
         self._queue: list[Handle] = []
         self._arrivals = itertools.count()
-        #: drain was called (its end is logged with what it cut)
-        self._draining = False
         #: counters for /metrics and /health (read from any thread)
         self.steps = 0
         self.completions = 0
@@ -264,11 +262,6 @@ class Engine(Worker):
         the lock held)."""
         bisect.insort(self._queue, handle, key=lambda h: (h.request.priority, h.arrival))
 
-    def _drain_asked(self) -> None:
-        """``drain``: after its deadline the completions still running are cut (finish_reason "shutdown") and the
-        requests still waiting fail; its end is logged (``decoctl.serve.drained``) with how many."""
-        self._draining = True
-
     def _cancel_all(self) -> None:
         for handle in self._queue:
             handle.cancel()
@@ -296,7 +289,7 @@ class Engine(Worker):
                 self._iteration()
             except Exception as exc:  # a failure outside one completion's step: fail every live request
                 self._fail_all(exc)  # where even that fails (the rows cannot be reset), the engine dies
-        if self._draining:
+        if self._drain_called:
             (log.warning if cut or refused else log.info)("decoctl.serve.drained", cut=cut, refused=refused)
 
     def _cut(self, waiting: list[Handle]) -> int:

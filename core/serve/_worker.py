@@ -11,11 +11,13 @@ thread of their own and answer the questions the server's service endpoints ask 
         def _fail_everything(self, reason): ...   # a death: every live and waiting request told ``reason``
 
 A subclass's ``submit`` calls ``_refuse_unless_open(queued, full=...)`` with its lock held; ``_cancel_all`` is what
-``close(drain=False)`` does to the live and waiting work (with the lock held).
+``close(drain=False)`` does to the live and waiting work (with the lock held); ``_drain_called`` tells its loop
+that ``drain`` (not only ``close``) began the shutdown.
 """
 
 from __future__ import annotations
 
+import abc
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +30,7 @@ __all__ = ["Worker"]
 log = get_logger(__name__)
 
 
-class Worker:
+class Worker(abc.ABC):
     """One thread that owns models and works through a queue of at most ``max_queue`` requests (see the module
     docstring)."""
 
@@ -45,6 +47,8 @@ class Worker:
         self._closing = False
         #: time.monotonic() past which a drain stops the work still running (None: no drain, or no limit)
         self._deadline: float | None = None
+        #: ``drain`` was called (a subclass logs what the drain cut)
+        self._drain_called = False
         self._thread: threading.Thread | None = None
         self._on_failure: list[Callable[[str], None]] = []
         #: why the thread stopped, when an exception escaped its loop (None while it is sound)
@@ -75,8 +79,7 @@ class Worker:
         ones run for ``seconds`` (None: no limit); what the subclass does past the deadline is its own. ``close``
         then waits for the thread."""
         with self._wake:
-            self._closing = True
-            self._drain_asked()
+            self._closing = self._drain_called = True
             if seconds is not None:
                 deadline = time.monotonic() + seconds
                 self._deadline = deadline if self._deadline is None else min(self._deadline, deadline)
@@ -104,16 +107,15 @@ class Worker:
             raise QueueFullError(full)
 
     # -- what a subclass does --------------------------------------------------------------------------------------
+    @abc.abstractmethod
     def _loop(self) -> None:
-        raise NotImplementedError
+        """The thread's work: return to stop (shut down), raise to die."""
 
+    @abc.abstractmethod
     def _fail_everything(self, reason: str) -> None:
         """The thread died for ``reason``: fail every live and waiting request (called on the dying thread)."""
-        raise NotImplementedError
 
-    def _drain_asked(self) -> None:
-        """``drain`` was called (with the lock held)."""
-
+    @abc.abstractmethod
     def _cancel_all(self) -> None:
         """``close(drain=False)``: end the live and waiting work (with the lock held)."""
 
